@@ -1,0 +1,376 @@
+"""Lower the graph IR to affine loop nests: one kernel (or a few) per materialized graph node.
+
+Views, scalar constants and iotas produce no kernel: they become index maps or expressions
+at the point where they are read.
+"""
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+from ..dtypes import Unsupported
+from ..graph.builder import contiguous_strides
+from ..graph.ir import Graph, Node
+from .ir import (INDEX, Assign, Buffer, Const, Expr, Fail, For, If, Kernel, Let, Load, Op, Program,
+                 Stmt, Store, Var, add, c, linear, mul)
+
+NO_BUFFER = ("full", "iota", "view")
+
+# identity element and combine function of each reduction
+_NEG_INF, _POS_INF = float("-inf"), float("inf")
+
+
+def _lowest(dtype: str):
+    return {"float32": _NEG_INF, "float64": _NEG_INF, "bool": False, "uint8": 0, "int8": -128,
+            "int16": -32768, "int32": -(2**31), "int64": -(2**63)}[dtype]
+
+
+def _highest(dtype: str):
+    return {"float32": _POS_INF, "float64": _POS_INF, "bool": True, "uint8": 255, "int8": 127,
+            "int16": 32767, "int32": 2**31 - 1, "int64": 2**63 - 1}[dtype]
+
+
+def _o(fn: str, *args: Expr, dtype: str | None = None) -> Op:
+    return Op(fn, tuple(args), dtype or args[0].dtype)
+
+
+def _lt(a, b):
+    return Op("lt", (a, b), "bool")
+
+
+def _and(*cs):
+    e = cs[0]
+    for x in cs[1:]:
+        e = Op("logical_and", (e, x), "bool")
+    return e
+
+
+def _in_range(e: Expr, n: int) -> Expr:
+    return _and(Op("ge", (e, c(0)), "bool"), _lt(e, c(n)))
+
+
+class _Builder:
+    def __init__(self, graph: Graph):
+        self.g = graph
+        self.bufs: dict[int, Buffer] = {}
+        self.kernels: list[Kernel] = []
+        for n in graph.inputs:
+            self.bufs[n.id] = Buffer(f"in{n.attr('index')}", n.dtype, n.numel, "input", n.attr("index"))
+        for k, n in enumerate(graph.outputs):
+            if n.op in NO_BUFFER or n.op == "input":
+                raise Unsupported(f"graph output {n!r} must be materialized by the frontend")
+            if n.id not in self.bufs:
+                self.bufs[n.id] = Buffer(f"out{k}", n.dtype, n.numel, "output", k)
+
+    # -- buffers and reads -----------------------------------------------------------------
+    def buf(self, n: Node) -> str:
+        if n.id not in self.bufs:
+            self.bufs[n.id] = Buffer(f"t{n.id}", n.dtype, n.numel, "temp")
+        return self.bufs[n.id].name
+
+    def read(self, n: Node, idx: Sequence[Expr]) -> Expr:
+        if n.op == "full":
+            return Const(n.attr("value"), n.dtype)
+        if n.op == "iota":
+            e = add(mul(idx[0], c(n.attr("step"))), c(n.attr("start")))
+            return e if n.dtype == INDEX else Op("cast", (e,), n.dtype)
+        if n.op == "view":
+            base = n.inputs[0]
+            lin = linear(list(zip(idx, n.attr("strides"))), n.attr("offset"))
+            if base.op == "iota":
+                return self.read(base, [lin])
+            return Load(self.buf(base), lin, n.dtype)
+        return Load(self.buf(n), linear(list(zip(idx, contiguous_strides(n.shape)))), n.dtype)
+
+    def store(self, n: Node, idx: Sequence[Expr], value: Expr) -> Store:
+        return Store(self.buf(n), linear(list(zip(idx, contiguous_strides(n.shape)))), value)
+
+    @staticmethod
+    def bcast(src: Sequence[int], out_idx: Sequence[Expr]) -> list[Expr]:
+        lead = len(out_idx) - len(src)
+        return [c(0) if s == 1 else out_idx[lead + k] for k, s in enumerate(src)]
+
+    # -- nests -------------------------------------------------------------------------------
+    def loops(self, shape: Sequence[int], prefix: str, body: Callable[[list[Expr]], list[Stmt]],
+              parallel: bool) -> list[Stmt]:
+        names = [f"{prefix}{k}" for k in range(len(shape))]
+        stmts = body([Var(v) for v in names])
+        for v, s in reversed(list(zip(names, shape))):
+            stmts = [For(v, c(0), c(s), tuple(stmts), parallel=parallel)]
+        return stmts
+
+    def emit(self, n: Node, body: list[Stmt], origin: str | None = None) -> None:
+        self.kernels.append(Kernel(f"k{len(self.kernels)}_{n.op}", tuple(body), origin or repr(n)))
+
+    # -- per-kind lowering -------------------------------------------------------------------
+    def elementwise(self, n: Node) -> None:
+        def body(idx):
+            args = [self.read(i, self.bcast(i.shape, idx)) for i in n.inputs]
+            if n.op == "cast":
+                v = Op("cast", tuple(args), n.dtype)
+            elif n.op == "identity":
+                v = args[0]
+            else:
+                v = Op(n.op, tuple(args), n.dtype)
+            return [self.store(n, idx, v)]
+
+        self.emit(n, self.loops(n.shape, "i", body, True))
+
+    def reduce(self, n: Node) -> None:
+        (x,) = n.inputs
+        axes, keep = n.attr("axes"), n.attr("keepdim")
+        kept = [k for k in range(len(x.shape)) if k not in axes]
+        rshape = [x.shape[k] for k in axes]
+        op = n.op
+        acc, best = "acc", "arg"
+
+        def body(oidx):
+            # output index -> index of the kept dims of x
+            kidx = [oidx[k] for k in kept] if keep else list(oidx)
+
+            def inner(ridx):
+                full = [None] * len(x.shape)
+                for k, e in zip(kept, kidx):
+                    full[k] = e
+                for k, e in zip(axes, ridx):
+                    full[k] = e
+                v = self.read(x, full)
+                a = Var(acc, x.dtype)
+                if op == "reduce_sum":
+                    return [Assign(acc, _o("add", a, v))]
+                if op == "reduce_prod":
+                    return [Assign(acc, _o("mul", a, v))]
+                if op == "reduce_max":
+                    return [Assign(acc, _o("maximum", a, v))]
+                if op == "reduce_min":
+                    return [Assign(acc, _o("minimum", a, v))]
+                # argmax / argmin: first index of the extreme value; NaN wins (as in PyTorch)
+                flat = linear(list(zip(ridx, contiguous_strides(rshape))))
+                better = Op("gt" if op == "argmax" else "lt", (v, a), "bool")
+                if x.dtype.startswith("float"):
+                    isnan_v = Op("isnan", (v,), "bool")
+                    not_nan_a = Op("logical_not", (Op("isnan", (a,), "bool"),), "bool")
+                    better = Op("logical_or", (better, _and(isnan_v, not_nan_a)), "bool")
+                return [If(better, (Assign(acc, v), Assign(best, flat)))]
+
+            init = {"reduce_sum": 0, "reduce_prod": 1}.get(op)
+            if op in ("reduce_max", "argmax"):
+                init = _lowest(x.dtype)
+            elif op in ("reduce_min", "argmin"):
+                init = _highest(x.dtype)
+            stmts: list[Stmt] = [Let(acc, x.dtype, Const(init, x.dtype))]
+            if op.startswith("arg"):
+                stmts.append(Let(best, INDEX, c(0)))
+            stmts += self.loops(rshape, "r", inner, False)
+            stmts.append(self.store(n, oidx, Var(best if op.startswith("arg") else acc,
+                                                 INDEX if op.startswith("arg") else x.dtype)))
+            return stmts
+
+        self.emit(n, self.loops(n.shape, "i", body, True))
+
+    def matmul(self, n: Node) -> None:
+        a, b = n.inputs
+        K = a.shape[-1]
+        dt = n.dtype
+
+        def body(idx):
+            batch, m, nn = idx[:-2], idx[-2], idx[-1]
+
+            def inner(r):
+                ai = self.bcast(a.shape[:-2], batch) + [m, r[0]]
+                bi = self.bcast(b.shape[:-2], batch) + [r[0], nn]
+                return [Assign("acc", _o("add", Var("acc", dt), _o("mul", self.read(a, ai), self.read(b, bi))))]
+
+            return [Let("acc", dt, Const(0, dt)), *self.loops([K], "r", inner, False),
+                    self.store(n, idx, Var("acc", dt))]
+
+        self.emit(n, self.loops(n.shape, "i", body, True))
+
+    def conv2d(self, n: Node) -> None:
+        x, w = n.inputs
+        N, C, H, W = x.shape
+        K, Cg, R, S = w.shape
+        G = n.attr("groups")
+        Kg = K // G
+        (sh, sw), (ph, pw), (dh, dw) = n.attr("stride"), n.attr("padding"), n.attr("dilation")
+        dt = n.dtype
+        _, _, OH, OW = n.shape
+
+        def body(idx):
+            b, g, kk, oh, ow = idx
+            k = add(mul(g, c(Kg)), kk)
+
+            def inner(r):
+                ci, rr, ss = r
+                ih = add(add(mul(oh, c(sh)), mul(rr, c(dh))), c(-ph))
+                iw = add(add(mul(ow, c(sw)), mul(ss, c(dw))), c(-pw))
+                prod = _o("mul", self.read(x, [b, add(mul(g, c(Cg)), ci), ih, iw]), self.read(w, [k, ci, rr, ss]))
+                upd = Assign("acc", _o("add", Var("acc", dt), prod))
+                conds = ([_in_range(ih, H)] if ph or (OH - 1) * sh + (R - 1) * dh >= H else []) + \
+                        ([_in_range(iw, W)] if pw or (OW - 1) * sw + (S - 1) * dw >= W else [])
+                return [If(_and(*conds), (upd,))] if conds else [upd]
+
+            return [Let("acc", dt, Const(0, dt)), *self.loops([Cg, R, S], "r", inner, False),
+                    self.store(n, [b, k, oh, ow], Var("acc", dt))]
+
+        self.emit(n, self.loops([N, G, Kg, OH, OW], "i", body, True))
+
+    def pool2d(self, n: Node) -> None:
+        (x,) = n.inputs
+        N, C, H, W = x.shape
+        (kh, kw), (sh, sw), (ph, pw), (dh, dw) = (n.attr("kernel"), n.attr("stride"), n.attr("padding"),
+                                                  n.attr("dilation"))
+        mode = n.attr("mode")
+        dt = x.dtype
+
+        def body(idx):
+            b, ch, oh, ow = idx
+            hs = add(mul(oh, c(sh)), c(-ph))
+            ws = add(mul(ow, c(sw)), c(-pw))
+
+            def inner(r):
+                ih, iw = add(hs, mul(r[0], c(dh))), add(ws, mul(r[1], c(dw)))
+                v = self.read(x, [b, ch, ih, iw])
+                a = Var("acc", dt)
+                if mode == "max":
+                    upd = [Assign("acc", _o("maximum", a, v))]
+                elif mode == "argmax":
+                    better = Op("logical_or", (Op("gt", (v, a), "bool"), Op("isnan", (v,), "bool")), "bool")
+                    upd = [If(better, (Assign("acc", v), Assign("arg", add(mul(ih, c(W)), iw))))]
+                else:
+                    upd = [Assign("acc", _o("add", a, v)), Assign("cnt", add(Var("cnt"), c(1)))]
+                return [If(_and(_in_range(ih, H), _in_range(iw, W)), tuple(upd))]
+
+            init = 0 if mode == "avg" else _lowest(dt)
+            stmts: list[Stmt] = [Let("acc", dt, Const(init, dt))]
+            if mode == "argmax":
+                stmts.append(Let("arg", INDEX, c(0)))
+            if mode == "avg":
+                stmts.append(Let("cnt", INDEX, c(0)))
+            stmts += self.loops([kh, kw], "r", inner, False)
+            if mode == "avg":
+                div = n.attr("divisor")
+                if div:
+                    d: Expr = c(div)
+                elif n.attr("count_include_pad"):
+                    he = _o("minimum", add(hs, c(kh)), c(H + ph))
+                    we = _o("minimum", add(ws, c(kw)), c(W + pw))
+                    d = mul(_o("sub", he, hs), _o("sub", we, ws))
+                else:
+                    d = Var("cnt")
+                stmts.append(self.store(n, idx, _o("div", Var("acc", dt), Op("cast", (d,), dt))))
+            else:
+                stmts.append(self.store(n, idx, Var("arg" if mode == "argmax" else "acc", n.dtype)))
+            return stmts
+
+        self.emit(n, self.loops(n.shape, "i", body, True))
+
+    def adaptive_avg_pool2d(self, n: Node) -> None:
+        (x,) = n.inputs
+        H, W = x.shape[-2:]
+        OH, OW = n.attr("out")
+        dt = x.dtype
+
+        def body(idx):
+            *lead, oh, ow = idx
+            h0 = _o("floordiv", mul(oh, c(H)), c(OH))
+            h1 = _o("floordiv", add(mul(oh, c(H)), c(H + OH - 1)), c(OH))
+            w0 = _o("floordiv", mul(ow, c(W)), c(OW))
+            w1 = _o("floordiv", add(mul(ow, c(W)), c(W + OW - 1)), c(OW))
+            v = self.read(x, list(lead) + [Var("rh"), Var("rw")])
+            loop = For("rh", h0, h1, (For("rw", w0, w1, (Assign("acc", _o("add", Var("acc", dt), v)),)),))
+            cnt = mul(_o("sub", h1, h0), _o("sub", w1, w0))
+            return [Let("acc", dt, Const(0, dt)), loop,
+                    self.store(n, idx, _o("div", Var("acc", dt), Op("cast", (cnt,), dt)))]
+
+        self.emit(n, self.loops(n.shape, "i", body, True))
+
+    def _checked_index(self, e: Expr, size: int) -> tuple[list[Stmt], Expr]:
+        """Load of an index: wrap negatives, fail (code 1) when out of range."""
+        iv = Var("ix")
+        stmts: list[Stmt] = [
+            Let("ix", INDEX, Op("cast", (e,), INDEX) if e.dtype != INDEX else e),
+            If(_lt(iv, c(0)), (Assign("ix", add(iv, c(size))),)),
+            If(Op("logical_not", (_in_range(iv, size),), "bool"), (Fail(1), Assign("ix", c(0)))),
+        ]
+        return stmts, iv
+
+    def gather(self, n: Node) -> None:
+        x, ind = n.inputs
+        ax = n.attr("axis")
+        ir = len(ind.shape)
+
+        def body(idx):
+            pre, mid, post = idx[:ax], idx[ax:ax + ir], idx[ax + ir:]
+            stmts, iv = self._checked_index(self.read(ind, mid), x.shape[ax])
+            return stmts + [self.store(n, idx, self.read(x, list(pre) + [iv] + list(post)))]
+
+        self.emit(n, self.loops(n.shape, "i", body, True))
+
+    def take_along(self, n: Node) -> None:
+        x, ind = n.inputs
+        ax = n.attr("axis")
+
+        def body(idx):
+            stmts, iv = self._checked_index(self.read(ind, idx), x.shape[ax])
+            xi = list(idx)
+            xi[ax] = iv
+            return stmts + [self.store(n, idx, self.read(x, xi))]
+
+        self.emit(n, self.loops(n.shape, "i", body, True))
+
+    def concat(self, n: Node) -> None:
+        ax = n.attr("axis")
+        off = 0
+        for i in n.inputs:
+            def body(idx, i=i, off=off):
+                oi = list(idx)
+                oi[ax] = add(oi[ax], c(off))
+                return [self.store(n, oi, self.read(i, idx))]
+
+            if i.numel:
+                self.emit(n, self.loops(i.shape, "i", body, True), f"{n!r} part at {off}")
+            off += i.shape[ax]
+
+    def pad(self, n: Node) -> None:
+        (x,) = n.inputs
+        pads = n.attr("pads")
+        val = Const(n.attr("value"), n.dtype)
+
+        def body(idx):
+            src = [add(e, c(-lo)) for e, (lo, _) in zip(idx, pads)]
+            conds = [_in_range(e, s) for e, s, (lo, hi) in zip(src, x.shape, pads) if lo > 0 or hi > 0]
+            v = self.read(x, src)
+            return [self.store(n, idx, Op("where", (_and(*conds), v, val), n.dtype) if conds else v)]
+
+        self.emit(n, self.loops(n.shape, "i", body, True))
+
+    def generator(self, n: Node) -> None:
+        self.emit(n, self.loops(n.shape, "i", lambda idx: [self.store(n, idx, self.read(n, idx))], True))
+
+
+_KIND = {
+    "elementwise": _Builder.elementwise, "reduce": _Builder.reduce, "contraction": _Builder.matmul,
+    "concat": _Builder.concat, "generator": _Builder.generator,
+}
+_OP = {
+    "conv2d": _Builder.conv2d, "pool2d": _Builder.pool2d, "adaptive_avg_pool2d": _Builder.adaptive_avg_pool2d,
+    "gather": _Builder.gather, "take_along": _Builder.take_along, "pad": _Builder.pad,
+}
+
+
+def build(graph: Graph) -> Program:
+    """Graph IR -> affine Program (one kernel per materialized node; views become index maps)."""
+    from ..graph.ops import OPS
+
+    b = _Builder(graph)
+    for n in graph.nodes:
+        if n.op in ("input", "view") or (n.op in ("full", "iota") and n not in graph.outputs):
+            continue
+        if n.numel == 0:
+            b.buf(n)
+            continue
+        rule = _OP.get(n.op) or _KIND.get(OPS[n.op].kind)
+        if rule is None:
+            raise Unsupported(f"no affine lowering for graph op {n.op}")
+        rule(b, n)
+    return Program(tuple(sorted(b.bufs.values(), key=lambda x: (x.kind, x.index, x.name))), tuple(b.kernels))

@@ -1,0 +1,234 @@
+"""Affine IR: loop nests over static iteration domains with (mostly) affine accesses.
+
+Semantics follow MLIR's affine dialect: ``For`` loops with bounds that are affine in the
+enclosing induction variables (floordiv/mod by constants allowed), ``Load``/``Store`` on
+flat buffers with an index expression, ``If`` on conditions. A ``Load`` index that contains
+another ``Load`` is an indirect (non-affine) access; analyses treat it conservatively.
+All nodes are immutable; passes build new trees.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any, Iterator
+
+INDEX = "int64"
+
+
+# ---------------------------------------------------------------- scalar expressions
+@dataclass(frozen=True)
+class Const:
+    value: Any
+    dtype: str
+
+
+@dataclass(frozen=True)
+class Var:
+    name: str
+    dtype: str = INDEX
+
+
+@dataclass(frozen=True)
+class Load:
+    buf: str
+    index: "Expr"
+    dtype: str
+
+
+@dataclass(frozen=True)
+class Op:
+    """A scalar function (the elementwise op names of graph.ops, plus ``cast``)."""
+
+    fn: str
+    args: tuple["Expr", ...]
+    dtype: str
+
+
+Expr = Const | Var | Load | Op
+
+
+def c(v: int) -> Const:
+    return Const(int(v), INDEX)
+
+
+def add(a: Expr, b: Expr) -> Expr:
+    if isinstance(a, Const) and a.value == 0:
+        return b
+    if isinstance(b, Const) and b.value == 0:
+        return a
+    if isinstance(a, Const) and isinstance(b, Const) and a.dtype == b.dtype == INDEX:
+        return c(a.value + b.value)
+    return Op("add", (a, b), a.dtype)
+
+
+def mul(a: Expr, b: Expr) -> Expr:
+    if isinstance(b, Const) and b.value == 1:
+        return a
+    if isinstance(a, Const) and a.value == 1:
+        return b
+    if isinstance(a, Const) and a.value == 0 or isinstance(b, Const) and b.value == 0:
+        return c(0) if a.dtype == INDEX else Const(0, a.dtype)
+    if isinstance(a, Const) and isinstance(b, Const) and a.dtype == b.dtype == INDEX:
+        return c(a.value * b.value)
+    return Op("mul", (a, b), a.dtype)
+
+
+def linear(terms: list[tuple[Expr, int]], offset: int = 0) -> Expr:
+    """offset + sum(coef * e) as an index expression, dropping zero terms."""
+    e: Expr = c(offset)
+    for x, k in terms:
+        if k != 0:
+            e = add(e, mul(x, c(k)) if k != 1 else x)
+    return e
+
+
+# ---------------------------------------------------------------- statements
+@dataclass(frozen=True)
+class For:
+    var: str
+    lo: Expr
+    hi: Expr  # exclusive
+    body: tuple["Stmt", ...]
+    parallel: bool = False  # no loop-carried dependence (checked with isl)
+    omp: int = 0  # >0: run with OpenMP, collapsing this many perfectly nested loops
+
+
+@dataclass(frozen=True)
+class Store:
+    buf: str
+    index: Expr
+    value: Expr
+
+
+@dataclass(frozen=True)
+class Let:
+    """Declare a local scalar (an accumulator or a temporary)."""
+
+    name: str
+    dtype: str
+    value: Expr
+
+
+@dataclass(frozen=True)
+class Assign:
+    name: str
+    value: Expr
+
+
+@dataclass(frozen=True)
+class If:
+    cond: Expr
+    then: tuple["Stmt", ...]
+    orelse: tuple["Stmt", ...] = ()
+
+
+@dataclass(frozen=True)
+class Fail:
+    """Report a run-time error (e.g. an index out of range) to the caller with ``code``."""
+
+    code: int
+
+
+Stmt = For | Store | Let | Assign | If | Fail
+
+
+@dataclass(frozen=True)
+class Buffer:
+    name: str
+    dtype: str
+    size: int  # elements
+    kind: str  # input | output | temp
+    index: int = -1  # position among the inputs / outputs
+
+
+@dataclass(frozen=True)
+class Kernel:
+    name: str
+    body: tuple[Stmt, ...]
+    origin: str = ""  # the graph op(s) it came from, for dumps and error messages
+
+
+@dataclass(frozen=True)
+class Program:
+    buffers: tuple[Buffer, ...]
+    kernels: tuple[Kernel, ...]
+
+    def buffer(self, name: str) -> Buffer:
+        for b in self.buffers:
+            if b.name == name:
+                return b
+        raise KeyError(name)
+
+
+# ---------------------------------------------------------------- traversal helpers
+def walk_exprs(e: Expr) -> Iterator[Expr]:
+    yield e
+    if isinstance(e, Load):
+        yield from walk_exprs(e.index)
+    elif isinstance(e, Op):
+        for a in e.args:
+            yield from walk_exprs(a)
+
+
+def stmt_exprs(s: Stmt) -> Iterator[Expr]:
+    if isinstance(s, For):
+        yield s.lo
+        yield s.hi
+    elif isinstance(s, Store):
+        yield s.index
+        yield s.value
+    elif isinstance(s, (Let, Assign)):
+        yield s.value
+    elif isinstance(s, If):
+        yield s.cond
+
+
+def walk_stmts(body: tuple[Stmt, ...]) -> Iterator[Stmt]:
+    for s in body:
+        yield s
+        if isinstance(s, For):
+            yield from walk_stmts(s.body)
+        elif isinstance(s, If):
+            yield from walk_stmts(s.then)
+            yield from walk_stmts(s.orelse)
+
+
+def buffers_used(k: Kernel) -> tuple[set[str], set[str]]:
+    """(read, written) buffer names of a kernel."""
+    reads, writes = set(), set()
+    for s in walk_stmts(k.body):
+        if isinstance(s, Store):
+            writes.add(s.buf)
+        for e in stmt_exprs(s):
+            for x in walk_exprs(e):
+                if isinstance(x, Load):
+                    reads.add(x.buf)
+    return reads, writes
+
+
+def is_affine(e: Expr, ivs: frozenset[str] | set[str]) -> bool:
+    """True when e is an affine function of ``ivs`` (floordiv/mod by positive constants allowed)."""
+    if isinstance(e, Const):
+        return e.dtype == INDEX
+    if isinstance(e, Var):
+        return e.name in ivs
+    if isinstance(e, Load):
+        return False
+    if e.fn == "add" or e.fn == "sub":
+        return all(is_affine(a, ivs) for a in e.args)
+    if e.fn == "mul":
+        a, b = e.args
+        return (isinstance(a, Const) and is_affine(b, ivs)) or (isinstance(b, Const) and is_affine(a, ivs))
+    if e.fn in ("floordiv", "remainder"):
+        a, b = e.args
+        return isinstance(b, Const) and b.value > 0 and is_affine(a, ivs)
+    return False
+
+
+def trip_count(f: For) -> int | None:
+    if isinstance(f.lo, Const) and isinstance(f.hi, Const):
+        return max(0, f.hi.value - f.lo.value)
+    return None
+
+
+def with_body(f: For, body: tuple[Stmt, ...]) -> For:
+    return replace(f, body=tuple(body))

@@ -1,0 +1,201 @@
+"""C renderer: a table of scalar-op templates plus a few hooks that print loops and kernels."""
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+from ..affine.ir import (INDEX, Assign, Const, Expr, Fail, For, If, Kernel, Let, Load, Op, Program,
+                         Stmt, Store, Var, buffers_used)
+
+CTYPE = {"float32": "float", "float64": "double", "int64": "int64_t", "int32": "int32_t",
+         "int16": "int16_t", "int8": "int8_t", "uint8": "uint8_t", "bool": "bool"}
+
+PRELUDE = r"""#include <stdint.h>
+#include <stdbool.h>
+#include <math.h>
+static inline int64_t pt_floordiv_i(int64_t a, int64_t b) { if (b == 0) return 0; int64_t q = a / b; return (q * b != a && ((a < 0) != (b < 0))) ? q - 1 : q; }
+static inline int64_t pt_mod_i(int64_t a, int64_t b) { if (b == 0) return 0; int64_t r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
+static inline int64_t pt_truncdiv_i(int64_t a, int64_t b) { return b == 0 ? 0 : a / b; }
+static inline int64_t pt_pow_i(int64_t a, int64_t e) { int64_t r = 1; if (e < 0) return a == 1 ? 1 : (a == -1 ? ((e & 1) ? -1 : 1) : 0); while (e) { if (e & 1) r *= a; a *= a; e >>= 1; } return r; }
+static inline float pt_mod_f(float a, float b) { float r = fmodf(a, b); return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
+static inline double pt_mod_d(double a, double b) { double r = fmod(a, b); return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
+static inline float pt_erfinv_f(float y) {
+  /* Newton iterations on erf from a rational first guess (Giles' approximation). */
+  if (y <= -1.0f) return -INFINITY; if (y >= 1.0f) return INFINITY;
+  double w = -log((1.0 - y) * (1.0 + y)), x;
+  if (w < 5.0) { w -= 2.5; x = 2.81022636e-08; x = 3.43273939e-07 + x*w; x = -3.5233877e-06 + x*w; x = -4.39150654e-06 + x*w; x = 0.00021858087 + x*w; x = -0.00125372503 + x*w; x = -0.00417768164 + x*w; x = 0.246640727 + x*w; x = 1.50140941 + x*w; }
+  else { w = sqrt(w) - 3.0; x = -0.000200214257; x = 0.000100950558 + x*w; x = 0.00134934322 + x*w; x = -0.00367342844 + x*w; x = 0.00573950773 + x*w; x = -0.0076224613 + x*w; x = 0.00943887047 + x*w; x = 1.00167406 + x*w; x = 2.83297682 + x*w; }
+  x *= y; for (int i = 0; i < 2; ++i) x -= (erf(x) - y) / (1.1283791670955126 * exp(-x * x));
+  return (float)x;
+}
+"""
+
+
+def _f(fname: str) -> Callable[[list[str], str], str]:
+    """A libm function: float variant with the f suffix, double without, ints via double."""
+    def r(a: list[str], dt: str) -> str:
+        if dt == "float32":
+            return f"{fname}f({a[0]})"
+        if dt == "float64":
+            return f"{fname}({a[0]})"
+        return f"({CTYPE[dt]}){fname}((double){a[0]})"
+    return r
+
+
+def _isfloat(dt: str) -> bool:
+    return dt in ("float32", "float64")
+
+
+def _sfx(dt: str) -> str:
+    return "f" if dt == "float32" else ""
+
+
+# one template per scalar op: (rendered args, result dtype, arg dtype) -> C expression
+OPS: dict[str, Callable[[list[str], str, str], str]] = {
+    "add": lambda a, d, t: f"({a[0]} + {a[1]})",
+    "sub": lambda a, d, t: f"({a[0]} - {a[1]})",
+    "mul": lambda a, d, t: f"({a[0]} * {a[1]})",
+    "div": lambda a, d, t: f"({a[0]} / {a[1]})" if _isfloat(d) else f"pt_truncdiv_i({a[0]}, {a[1]})",
+    "truncdiv": lambda a, d, t: f"trunc{_sfx(d)}({a[0]} / {a[1]})" if _isfloat(d) else f"pt_truncdiv_i({a[0]}, {a[1]})",
+    "floordiv": lambda a, d, t: f"floor{_sfx(d)}({a[0]} / {a[1]})" if _isfloat(d) else f"pt_floordiv_i({a[0]}, {a[1]})",
+    "remainder": lambda a, d, t: (f"pt_mod_{'f' if d == 'float32' else 'd'}({a[0]}, {a[1]})" if _isfloat(d)
+                                  else f"pt_mod_i({a[0]}, {a[1]})"),
+    "fmod": lambda a, d, t: f"fmod{_sfx(d)}({a[0]}, {a[1]})" if _isfloat(d) else f"(({a[1]}) == 0 ? 0 : ({a[0]}) % ({a[1]}))",
+    "pow": lambda a, d, t: f"pow{_sfx(d)}({a[0]}, {a[1]})" if _isfloat(d) else f"({CTYPE[d]})pt_pow_i({a[0]}, {a[1]})",
+    "atan2": lambda a, d, t: f"atan2{_sfx(d)}({a[0]}, {a[1]})",
+    "maximum": lambda a, d, t: (f"({{ {CTYPE[d]} _a = {a[0]}, _b = {a[1]}; (_a != _a || _a > _b) ? _a : _b; }})"
+                                if _isfloat(d) else f"({{ {CTYPE[d]} _a = {a[0]}, _b = {a[1]}; _a > _b ? _a : _b; }})"),
+    "minimum": lambda a, d, t: (f"({{ {CTYPE[d]} _a = {a[0]}, _b = {a[1]}; (_a != _a || _a < _b) ? _a : _b; }})"
+                                if _isfloat(d) else f"({{ {CTYPE[d]} _a = {a[0]}, _b = {a[1]}; _a < _b ? _a : _b; }})"),
+    "eq": lambda a, d, t: f"({a[0]} == {a[1]})",
+    "ne": lambda a, d, t: f"({a[0]} != {a[1]})",
+    "lt": lambda a, d, t: f"({a[0]} < {a[1]})",
+    "le": lambda a, d, t: f"({a[0]} <= {a[1]})",
+    "gt": lambda a, d, t: f"({a[0]} > {a[1]})",
+    "ge": lambda a, d, t: f"({a[0]} >= {a[1]})",
+    "logical_and": lambda a, d, t: f"(({a[0]}) && ({a[1]}))",
+    "logical_or": lambda a, d, t: f"(({a[0]}) || ({a[1]}))",
+    "logical_xor": lambda a, d, t: f"((bool)({a[0]}) != (bool)({a[1]}))",
+    "logical_not": lambda a, d, t: f"(!({a[0]}))",
+    "bitwise_and": lambda a, d, t: f"({a[0]} & {a[1]})" if d != "bool" else f"({a[0]} && {a[1]})",
+    "bitwise_or": lambda a, d, t: f"({a[0]} | {a[1]})" if d != "bool" else f"({a[0]} || {a[1]})",
+    "bitwise_xor": lambda a, d, t: f"({a[0]} ^ {a[1]})" if d != "bool" else f"({a[0]} != {a[1]})",
+    "bitwise_not": lambda a, d, t: f"(~{a[0]})" if d != "bool" else f"(!{a[0]})",
+    "where": lambda a, d, t: f"(({a[0]}) ? ({a[1]}) : ({a[2]}))",
+    "identity": lambda a, d, t: a[0],
+    "neg": lambda a, d, t: f"(-{a[0]})" if d != "bool" else a[0],
+    "abs": lambda a, d, t: f"fabs{_sfx(d)}({a[0]})" if _isfloat(d) else f"({a[0]} < 0 ? -{a[0]} : {a[0]})",
+    "relu": lambda a, d, t: f"({{ {CTYPE[d]} _x = {a[0]}; _x < 0 ? 0 : _x; }})",
+    "sigmoid": lambda a, d, t: f"(1.0{_sfx(d)} / (1.0{_sfx(d)} + exp{_sfx(d)}(-{a[0]})))",
+    "reciprocal": lambda a, d, t: f"(1.0{_sfx(d)} / {a[0]})",
+    "rsqrt": lambda a, d, t: f"(1.0{_sfx(d)} / sqrt{_sfx(d)}({a[0]}))",
+    "sign": lambda a, d, t: f"({{ {CTYPE[d]} _x = {a[0]}; ({CTYPE[d]})((_x > 0) - (_x < 0)); }})",
+    "isnan": lambda a, d, t: f"({a[0]} != {a[0]})",
+    "isinf": lambda a, d, t: f"isinf({a[0]})" if _isfloat(t) else "false",
+    "round": lambda a, d, t: f"nearbyint{_sfx(d)}({a[0]})" if _isfloat(d) else a[0],
+    "floor": lambda a, d, t: f"floor{_sfx(d)}({a[0]})" if _isfloat(d) else a[0],
+    "ceil": lambda a, d, t: f"ceil{_sfx(d)}({a[0]})" if _isfloat(d) else a[0],
+    "trunc": lambda a, d, t: f"trunc{_sfx(d)}({a[0]})" if _isfloat(d) else a[0],
+    "erfinv": lambda a, d, t: f"pt_erfinv_f({a[0]})",
+}
+for _name in ("exp", "log", "log1p", "expm1", "sqrt", "sin", "cos", "tan", "tanh", "erf", "asin", "acos",
+              "atan", "sinh", "cosh", "exp2", "log2", "log10"):
+    OPS[_name] = (lambda f: lambda a, d, t: f(a, d))(_f(_name))
+
+
+def const(v, dt: str) -> str:
+    if dt == "bool":
+        return "true" if v else "false"
+    if _isfloat(dt):
+        v = float(v)
+        if math.isnan(v):
+            return "NAN"
+        if math.isinf(v):
+            return ("INFINITY" if v > 0 else "(-INFINITY)")
+        return f"{v.hex()}{_sfx(dt)}" if v != int(v) or abs(v) > 1e15 else f"{v!r}{_sfx(dt)}"
+    v = int(v)
+    if dt == "int64":
+        return "INT64_MIN" if v == -(2**63) else f"INT64_C({v})"
+    return f"(({CTYPE[dt]}){v})"
+
+
+def expr(e: Expr) -> str:
+    if isinstance(e, Const):
+        return const(e.value, e.dtype)
+    if isinstance(e, Var):
+        return e.name
+    if isinstance(e, Load):
+        return f"{e.buf}[{expr(e.index)}]"
+    if e.fn == "cast":
+        (x,) = e.args
+        if e.dtype == "bool":
+            return f"(({expr(x)}) != 0)"
+        return f"(({CTYPE[e.dtype]})({expr(x)}))"
+    tmpl = OPS.get(e.fn)
+    if tmpl is None:
+        raise NotImplementedError(f"C renderer has no template for scalar op {e.fn!r}")
+    return tmpl([expr(a) for a in e.args], e.dtype, e.args[0].dtype)
+
+
+def stmts(body: tuple[Stmt, ...], ind: int) -> list[str]:
+    pad = "  " * ind
+    out: list[str] = []
+    for s in body:
+        if isinstance(s, For):
+            if s.omp:
+                coll = f" collapse({s.omp})" if s.omp > 1 else ""
+                out.append(f"{pad}#pragma omp parallel for{coll} num_threads(pt_nthreads) schedule(static)")
+            out.append(f"{pad}for (int64_t {s.var} = {expr(s.lo)}; {s.var} < {expr(s.hi)}; ++{s.var}) {{")
+            out += stmts(s.body, ind + 1)
+            out.append(pad + "}")
+        elif isinstance(s, Store):
+            out.append(f"{pad}{s.buf}[{expr(s.index)}] = {expr(s.value)};")
+        elif isinstance(s, Let):
+            out.append(f"{pad}{CTYPE[s.dtype]} {s.name} = {expr(s.value)};")
+        elif isinstance(s, Assign):
+            out.append(f"{pad}{s.name} = {expr(s.value)};")
+        elif isinstance(s, If):
+            out.append(f"{pad}if ({expr(s.cond)}) {{")
+            out += stmts(s.then, ind + 1)
+            if s.orelse:
+                out.append(pad + "} else {")
+                out += stmts(s.orelse, ind + 1)
+            out.append(pad + "}")
+        elif isinstance(s, Fail):
+            out.append(f"{pad}__atomic_store_n(pt_err, {s.code}, __ATOMIC_RELAXED);")
+        else:  # pragma: no cover
+            raise TypeError(s)
+    return out
+
+
+def render(p: Program, offsets: dict[str, int], entry: str = "pt_entry") -> str:
+    """C source of the whole program: one static function per kernel plus one entry point
+    ``int entry(void **args, int nthreads)``; args = inputs, outputs, then the arena."""
+    bufs = {b.name: b for b in p.buffers}
+    lines = [PRELUDE]
+    calls = []
+    for k in p.kernels:
+        reads, writes = buffers_used(k)
+        names = sorted(reads | writes)
+        params = ", ".join(
+            f"{'const ' if n not in writes else ''}{CTYPE[bufs[n].dtype]}* restrict {n}" for n in names)
+        lines.append(f"/* {k.origin} */")
+        lines.append(f"static void {k.name}(int pt_nthreads, int* pt_err{', ' if params else ''}{params}) {{")
+        lines += stmts(k.body, 1)
+        lines.append("}\n")
+        calls.append(f"  {k.name}(nthreads, &err{''.join(', ' + n for n in names)});")
+    ins = sorted((b for b in p.buffers if b.kind == "input"), key=lambda b: b.index)
+    outs = sorted((b for b in p.buffers if b.kind == "output"), key=lambda b: b.index)
+    lines.append(f"int {entry}(void** args, int nthreads) {{")
+    lines.append("  int err = 0;")
+    for pos, b in enumerate(ins + outs):
+        lines.append(f"  {CTYPE[b.dtype]}* {b.name} = ({CTYPE[b.dtype]}*)args[{pos}];")
+    lines.append(f"  char* arena = (char*)args[{len(ins) + len(outs)}];")
+    for b in p.buffers:
+        if b.kind == "temp":
+            lines.append(f"  {CTYPE[b.dtype]}* {b.name} = ({CTYPE[b.dtype]}*)(arena + {offsets[b.name]});")
+    lines.append("  (void)arena;")
+    lines += calls
+    lines.append("  return err;")
+    lines.append("}")
+    return "\n".join(lines) + "\n"

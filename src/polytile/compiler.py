@@ -1,0 +1,45 @@
+"""Graph IR -> loaded native graph: affine lowering, pass pipeline, memory plan, C, cc, load."""
+from __future__ import annotations
+
+import time
+
+from . import counters as stats
+from .affine.build import build
+from .affine.printer import format_program
+from .codegen.c import render
+from .dump import Dumper
+from .graph.builder import contiguous_strides
+from .graph.ir import Graph, format_graph, verify_graph
+from .options import Options
+from .runtime.cc import build_shared_object
+from .runtime.loader import NativeGraph, TensorSpec
+from .runtime.memory_plan import plan_memory
+from .transform.pipeline import run_pipeline
+
+
+def compile_graph_ir(graph: Graph, input_specs: list[TensorSpec], options: Options, name: str,
+                     dumper: Dumper | None = None) -> NativeGraph:
+    t0 = time.perf_counter()
+    if options.verify:
+        verify_graph(graph)
+    if dumper:
+        dumper.write("graph.txt", format_graph(graph))
+    prog = build(graph)
+    if dumper:
+        dumper.write("affine_build.mlir", format_program(prog))
+    prog = run_pipeline(prog, options, (lambda p_name, p: dumper.write(f"affine_{p_name}.mlir", format_program(p)))
+                        if dumper else None)
+    plan = plan_memory(prog)
+    src = render(prog, plan.offsets)
+    if dumper:
+        dumper.write("kernel.c", src)
+    so, hit = build_shared_object(src, options)
+    stats.bump("cache_hits" if hit else "cache_misses")
+    stats.bump("kernels_generated", len(prog.kernels))
+    stats.bump("graphs_compiled")
+    outs = [TensorSpec(n.shape, contiguous_strides(n.shape), n.dtype) for n in graph.outputs]
+    ng = NativeGraph(so, input_specs, outs, plan.arena_bytes, options.threads, name=name)
+    ng.memory_plan = plan
+    ng.num_kernels = len(prog.kernels)
+    stats.bump("compile_seconds", time.perf_counter() - t0)
+    return ng

@@ -1,0 +1,42 @@
+"""Process-wide counters of what polytile compiled (read with ``polytile.stats()``)."""
+from __future__ import annotations
+
+import collections
+import copy
+import threading
+
+_lock = threading.Lock()
+_counters: dict = {}
+
+
+def reset_stats() -> None:
+    with _lock:
+        _counters.clear()
+        _counters.update(graphs_compiled=0, ops_compiled=0, ops_fallen_back=collections.Counter(),
+                         kernels_generated=0, cache_hits=0, cache_misses=0, graphs_failed=0,
+                         compile_seconds=0.0)
+
+
+def bump(key: str, n: int | float = 1) -> None:
+    with _lock:
+        _counters[key] += n
+
+
+def fell_back(op_name: str, n: int = 1) -> None:
+    with _lock:
+        _counters["ops_fallen_back"][op_name] += n
+
+
+def stats() -> dict:
+    """Counters since import (or the last ``reset_stats()``):
+
+    graphs_compiled, ops_compiled, ops_fallen_back (op name -> count), kernels_generated,
+    cache_hits / cache_misses (compiled shared objects), graphs_failed, compile_seconds.
+    """
+    with _lock:
+        d = copy.deepcopy(_counters)
+    d["ops_fallen_back"] = dict(d["ops_fallen_back"])
+    return d
+
+
+reset_stats()

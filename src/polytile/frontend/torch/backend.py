@@ -1,0 +1,65 @@
+"""``torch.compile(model, backend="polytile", options={...})``: dynamo -> AOTAutograd -> polytile."""
+from __future__ import annotations
+
+import functools
+import logging
+
+import torch
+
+from ... import counters as stats
+from ...options import Options
+
+log = logging.getLogger("polytile")
+
+
+@functools.lru_cache(maxsize=1)
+def decompositions():
+    """Core-ATen decompositions: what AOTAutograd applies before polytile sees the graph."""
+    from torch._decomp import core_aten_decompositions
+
+    return core_aten_decompositions()
+
+
+def _static(example_inputs) -> bool:
+    for x in example_inputs:
+        if isinstance(x, torch.SymInt) or isinstance(x, torch.SymFloat):
+            return False
+        if isinstance(x, torch.Tensor) and any(isinstance(s, torch.SymInt) for s in (*x.shape, *x.stride())):
+            return False
+    return True
+
+
+def _fw_compiler(options: Options):
+    from torch._functorch.aot_autograd import make_boxed_func
+
+    from .compile import compile_aten_graph
+
+    def compiler(gm: torch.fx.GraphModule, example_inputs):
+        if not _static(example_inputs):
+            log.warning("polytile: graph with dynamic shapes runs in ATen (compile with dynamic=False)")
+            for n in gm.graph.nodes:
+                if n.op == "call_function":
+                    stats.fell_back(str(n.target))
+            return make_boxed_func(gm.forward)
+        return make_boxed_func(compile_aten_graph(gm, example_inputs, options))
+
+    return compiler
+
+
+def polytile_backend(gm: torch.fx.GraphModule, example_inputs, options=None):
+    """The dynamo backend: functionalize and decompose with AOTAutograd, then compile."""
+    from torch._dynamo.backends.common import aot_autograd
+
+    opts = Options.from_dict(options)
+    comp = _fw_compiler(opts)
+    return aot_autograd(fw_compiler=comp, bw_compiler=comp, decompositions=decompositions())(gm, example_inputs)
+
+
+def register() -> None:
+    """Make ``backend="polytile"`` known to dynamo (the entry point does the same lazily)."""
+    try:
+        from torch._dynamo.backends.registry import _COMPILER_FNS, register_backend
+    except ImportError:  # pragma: no cover
+        return
+    if "polytile" not in _COMPILER_FNS:
+        register_backend(name="polytile")(polytile_backend)

@@ -1,0 +1,233 @@
+"""ATen FX graph -> compiled segments + ATen fallbacks -> one Python callable.
+
+Nodes are lowered in order into the current segment's graph builder. A node without a rule
+(or whose rule raises ``Unsupported``) closes the segment and runs through ATen; lowering goes
+on in a new segment after it. With no fallback the whole graph is one native call.
+"""
+from __future__ import annotations
+
+import logging
+import operator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+from ... import counters as stats
+from ...compiler import compile_graph_ir
+from ...dtypes import Unsupported, from_torch
+from ...dump import dumper_for, next_graph_name
+from ...graph.builder import GraphBuilder, contiguous_strides
+from ...graph.ir import Node
+from ...options import Options
+from ...runtime.loader import TensorSpec
+from .registry import LOWERINGS, Ctx, ensure_loaded
+
+log = logging.getLogger("polytile")
+
+
+def _spec_of(t: torch.Tensor) -> TensorSpec:
+    return TensorSpec(tuple(int(s) for s in t.shape), tuple(int(s) for s in t.stride()), from_torch(t.dtype))
+
+
+def _is_contiguous(spec: TensorSpec) -> bool:
+    return all(s == c or n <= 1 for s, c, n in zip(spec.strides, contiguous_strides(spec.shape), spec.shape))
+
+
+@dataclass
+class Segment:
+    b: GraphBuilder = field(default_factory=GraphBuilder)
+    env: dict = field(default_factory=dict)  # fx node -> IR value (Node / tuple / python value)
+    nodes: list = field(default_factory=list)  # fx nodes lowered here
+    inputs: list = field(default_factory=list)  # (fx node or ("const", tensor)), in IR input order
+    specs: list = field(default_factory=list)
+    native: Any = None
+    out_nodes: list = field(default_factory=list)  # fx nodes whose values leave the segment
+    out_map: list = field(default_factory=list)  # per out node: int | tuple of (int | python value)
+
+    def external(self, fx_node, value) -> Node:
+        """IR input for a value produced outside this segment."""
+        if not isinstance(value, torch.Tensor):
+            raise Unsupported(f"non-tensor input {fx_node} ({type(value).__name__})")
+        if value.device.type != "cpu":
+            raise Unsupported(f"tensor on {value.device}")
+        spec = _spec_of(value)
+        if any(s < 0 for s in spec.strides):
+            raise Unsupported("negative strides")
+        k = len(self.inputs)
+        if _is_contiguous(spec):
+            n = self.b.input(k, spec.shape, spec.dtype)
+        else:  # the flat storage span it covers, then a strided view of it
+            extent = 1 + sum((s - 1) * st for s, st in zip(spec.shape, spec.strides)) if all(spec.shape) else 0
+            n = self.b.as_strided(self.b.input(k, (extent,), spec.dtype), spec.shape, spec.strides, 0)
+        self.inputs.append(fx_node)
+        self.specs.append(spec)
+        self.env[fx_node] = n
+        return n
+
+
+def _example(node, gm, example_inputs, placeholders):
+    if node.op == "placeholder":
+        return example_inputs[placeholders.index(node)]
+    if node.op == "get_attr":
+        return getattr(gm, node.target)
+    return node.meta.get("val")
+
+
+def _fallback_reason(node) -> str:
+    return str(node.target)
+
+
+def compile_aten_graph(gm: fx.GraphModule, example_inputs, options: Options):
+    """Compile an ATen FX graph; returns ``f(*args) -> list`` of its outputs."""
+    ensure_loaded()
+    name = next_graph_name()
+    dumper = dumper_for(options.dump_dir, name)
+    if dumper:
+        dumper.write("fx_graph.txt", gm.print_readable(print_output=False) if hasattr(gm, "print_readable") else str(gm.graph))
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    out_node = next(n for n in gm.graph.nodes if n.op == "output")
+    steps: list = []  # Segment | fx.Node (run through ATen)
+    cur = Segment()
+    owner: dict = {}  # fx node -> Segment that computes it
+
+    def value_in(seg: Segment, a):
+        if isinstance(a, fx.Node):
+            if a in seg.env:
+                return seg.env[a]
+            return seg.external(a, _example(a, gm, example_inputs, placeholders))
+        if isinstance(a, (list, tuple)):
+            return type(a)(value_in(seg, x) for x in a)
+        if isinstance(a, torch.dtype):
+            return a
+        if isinstance(a, torch.Tensor):
+            raise Unsupported("tensor constant in arguments")
+        return a
+
+    for node in gm.graph.nodes:
+        if node.op in ("placeholder", "output"):
+            continue
+        if node.op == "call_function" and node.target is operator.getitem and node.args[0] in cur.env:
+            cur.env[node] = cur.env[node.args[0]][node.args[1]]
+            cur.nodes.append(node)
+            owner[node] = cur
+            continue
+        rule = LOWERINGS.get(node.target) if node.op == "call_function" else None
+        err = None
+        if rule is not None:
+            mark = len(cur.inputs)
+            try:
+                args = value_in(cur, node.args)
+                kwargs = {k: value_in(cur, v) for k, v in node.kwargs.items()}
+                val = rule(Ctx(cur.b, node), *args, **kwargs)
+                cur.env[node] = val
+                cur.nodes.append(node)
+                owner[node] = cur
+                continue
+            except Unsupported as e:
+                err = str(e)
+            except Exception as e:  # a bug in a rule must not crash the user's program
+                err = f"{type(e).__name__}: {e}"
+                log.warning("polytile: lowering %s failed (%s); running it in ATen", node.target, err)
+            for added in cur.inputs[mark:]:  # undo the inputs this attempt created
+                del cur.env[added]
+            del cur.inputs[mark:], cur.specs[mark:]
+            cur.b.inputs = cur.b.inputs[:mark]
+        if node.op == "get_attr":
+            owner[node] = None
+            steps.append(node)
+            continue
+        if not options.fallback:
+            raise Unsupported(f"polytile: no lowering for {node.target}" + (f" ({err})" if err else ""))
+        if node.op == "call_function" and node.target is not operator.getitem:
+            stats.fell_back(_fallback_reason(node))
+            log.info("polytile: %s runs in ATen%s", node.target, f" ({err})" if err else " (no lowering rule)")
+        if cur.nodes:
+            steps.append(cur)
+            cur = Segment()
+        steps.append(node)
+        owner[node] = None
+    if cur.nodes:
+        steps.append(cur)
+
+    # which values leave each segment
+    for seg in [s for s in steps if isinstance(s, Segment)]:
+        seg_set = set(seg.nodes)
+        seg.out_nodes = [n for n in seg.nodes if any(u not in seg_set for u in n.users)]
+
+    # compile each segment; a failure falls back to ATen for that segment
+    final: list = []
+    for k, st in enumerate(steps):
+        if not isinstance(st, Segment):
+            final.append(st)
+            continue
+        if not st.out_nodes:  # nothing it computes is used
+            continue
+        try:
+            _finish_segment(st, options, f"{name}_s{k}" if len(steps) > 1 else name, dumper)
+            stats.bump("ops_compiled", sum(1 for n in st.nodes if n.target is not operator.getitem))
+            final.append(st)
+        except Exception as e:
+            if not options.fallback:
+                raise
+            log.warning("polytile: compiling %s failed, running its %d ops in ATen: %s", name, len(st.nodes), e)
+            stats.bump("graphs_failed")
+            for n in st.nodes:
+                if n.target is not operator.getitem:
+                    stats.fell_back(_fallback_reason(n))
+                final.append(n)
+    return _make_runner(gm, final, placeholders, out_node)
+
+
+def _finish_segment(seg: Segment, options: Options, name: str, dumper) -> None:
+    b = seg.b
+    uniq: dict[int, int] = {}
+    outputs: list[Node] = []
+
+    def export(v):
+        if isinstance(v, Node):
+            if v.op in ("view", "input", "full", "iota"):
+                v = b.node("identity", (v,))
+            if v.id not in uniq:
+                uniq[v.id] = len(outputs)
+                outputs.append(v)
+            return uniq[v.id]
+        if isinstance(v, (tuple, list)):
+            return ("tuple", tuple(export(x) for x in v))
+        return ("const", v)
+
+    seg.out_map = [export(seg.env[n]) for n in seg.out_nodes]
+    graph = b.graph(outputs)
+    seg.native = compile_graph_ir(graph, seg.specs, options, name, dumper)
+
+
+def _make_runner(gm, steps, placeholders, out_node):
+    def load(env, a):
+        if isinstance(a, fx.Node):
+            return env[a]
+        if isinstance(a, (list, tuple)):
+            return type(a)(load(env, x) for x in a)
+        return a
+
+    def unpack(outs, m):
+        if isinstance(m, int):
+            return outs[m]
+        kind, v = m
+        return tuple(unpack(outs, x) for x in v) if kind == "tuple" else v
+
+    def run(*args):
+        env = dict(zip(placeholders, args))
+        for st in steps:
+            if isinstance(st, Segment):
+                outs = st.native(*[env[i] for i in st.inputs])
+                for n, m in zip(st.out_nodes, st.out_map):
+                    env[n] = unpack(outs, m)
+            elif st.op == "get_attr":
+                env[st] = getattr(gm, st.target)
+            else:
+                env[st] = st.target(*load(env, st.args), **load(env, st.kwargs))
+        return list(load(env, out_node.args[0]))
+
+    run.steps = steps
+    return run

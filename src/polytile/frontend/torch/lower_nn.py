@@ -1,0 +1,215 @@
+"""Lowering rules: contractions, convolution, pooling, normalization, fused attention layers."""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ...dtypes import Unsupported
+from ...graph import compose
+from .registry import lowers
+
+aten = torch.ops.aten
+
+
+def _pair(v, default=None):
+    if v is None or (isinstance(v, (list, tuple)) and len(v) == 0):
+        v = default
+    if isinstance(v, int):
+        return (v, v)
+    v = tuple(v)
+    return v * 2 if len(v) == 1 else v
+
+
+@lowers(aten.mm.default, aten.bmm.default)
+def mm(ctx, a, c):
+    return ctx.b.matmul(a, c)
+
+
+@lowers(aten.dot.default)
+def dot(ctx, a, c):
+    return ctx.b.reshape(ctx.b.matmul(ctx.b.unsqueeze(a, 0), ctx.b.unsqueeze(c, 1)), [])
+
+
+@lowers(aten.addmm.default, aten.baddbmm.default)
+def addmm(ctx, bias, a, c, beta=1, alpha=1):
+    b = ctx.b
+    y = b.matmul(a, c)
+    if alpha != 1:
+        y = b.ew("mul", y, alpha)
+    if beta == 0:
+        return y
+    return b.ew("add", b.ew("mul", bias, beta) if beta != 1 else bias, y)
+
+
+@lowers(aten.convolution.default)
+def convolution(ctx, x, w, bias, stride, padding, dilation, transposed, output_padding, groups):
+    b = ctx.b
+    if transposed:
+        raise Unsupported("transposed convolution")
+    nd = len(x.shape) - 2
+    if nd == 1:  # conv1d as conv2d with H = 1
+        y = convolution(ctx, b.unsqueeze(x, 2), b.unsqueeze(w, 2), None, [1] + list(stride),
+                        [0] + list(padding), [1] + list(dilation), False, None, groups)
+        y = b.squeeze(y, [2])
+    elif nd == 2:
+        y = b.node("conv2d", [x, w], stride=_pair(stride), padding=_pair(padding),
+                   dilation=_pair(dilation), groups=int(groups))
+    else:
+        raise Unsupported(f"conv{nd}d")
+    if bias is not None:
+        y = b.ew("add", y, b.reshape(bias, [bias.shape[0]] + [1] * nd))
+    return y
+
+
+def _batched4(b, x):
+    return (b.unsqueeze(x, 0), True) if len(x.shape) == 3 else (x, False)
+
+
+@lowers(aten.max_pool2d_with_indices.default)
+def max_pool2d_with_indices(ctx, x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False):
+    b = ctx.b
+    x4, un = _batched4(b, x)
+    attrs = dict(kernel=_pair(kernel_size), stride=_pair(stride, kernel_size), padding=_pair(padding),
+                 dilation=_pair(dilation), ceil_mode=bool(ceil_mode), count_include_pad=False, divisor=None)
+    v = b.node("pool2d", [x4], mode="max", **attrs)
+    i = b.node("pool2d", [x4], mode="argmax", **attrs)
+    return (b.squeeze(v, [0]), b.squeeze(i, [0])) if un else (v, i)
+
+
+@lowers(aten.avg_pool2d.default)
+def avg_pool2d(ctx, x, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True,
+               divisor_override=None):
+    b = ctx.b
+    x4, un = _batched4(b, x)
+    y = b.node("pool2d", [x4], mode="avg", kernel=_pair(kernel_size), stride=_pair(stride, kernel_size),
+               padding=_pair(padding), dilation=(1, 1), ceil_mode=bool(ceil_mode),
+               count_include_pad=bool(count_include_pad), divisor=divisor_override)
+    return b.squeeze(y, [0]) if un else y
+
+
+@lowers(aten._adaptive_avg_pool2d.default)
+def adaptive_avg_pool2d(ctx, x, output_size):
+    return ctx.b.node("adaptive_avg_pool2d", [x], out=_pair(output_size))
+
+
+@lowers(aten.native_layer_norm.default)
+def native_layer_norm(ctx, x, normalized_shape, weight, bias, eps):
+    return compose.layer_norm(ctx.b, x, len(normalized_shape), weight, bias, eps)
+
+
+@lowers(aten._native_batch_norm_legit_no_training.default)
+def batch_norm_no_training(ctx, x, weight, bias, running_mean, running_var, momentum, eps):
+    b = ctx.b
+    y = compose.batch_norm_eval(b, x, weight, bias, running_mean, running_var, eps)
+    return y, b.full(0, x.dtype, (0,)), b.full(0, x.dtype, (0,))
+
+
+@lowers(aten.native_batch_norm.default, aten._native_batch_norm_legit.default)
+def native_batch_norm(ctx, x, weight, bias, running_mean, running_var, training, momentum, eps):
+    if training:
+        raise Unsupported("batch norm in training mode (mutates running stats)")
+    return batch_norm_no_training(ctx, x, weight, bias, running_mean, running_var, momentum, eps)
+
+
+@lowers(aten.native_group_norm.default)
+def native_group_norm(ctx, x, weight, bias, N, C, HxW, group, eps):
+    b = ctx.b
+    xg = b.reshape(x, [N, group, -1])
+    _, m, rstd = compose.layer_norm(b, xg, 1, None, None, eps)
+    y = b.reshape(b.ew("mul", b.ew("sub", xg, m), rstd), list(x.shape))
+    r = len(x.shape)
+    if weight is not None:
+        y = b.ew("mul", y, compose.channel(b, weight, r))
+    if bias is not None:
+        y = b.ew("add", y, compose.channel(b, bias, r))
+    return y, b.reshape(m, [N, group]), b.reshape(rstd, [N, group])
+
+
+# ---------------------------------------------------------------- attention layers
+def _attention(b, q, k, v, mask=None, causal=False, scale=None):
+    """softmax(q k^T * scale + mask) v over [..., L, D] tensors."""
+    d = q.shape[-1]
+    s = b.ew("mul", b.matmul(q, b.transpose(k, -2, -1)), scale if scale is not None else 1 / math.sqrt(d))
+    if causal:
+        L, S = q.shape[-2], k.shape[-2]
+        rows = b.reshape(b.iota(L, "int64"), [L, 1])
+        cols = b.reshape(b.iota(S, "int64"), [1, S])
+        s = b.where(b.ew("le", cols, rows), s, float("-inf"))
+    if mask is not None:
+        s = b.where(mask, s, float("-inf")) if mask.dtype == "bool" else b.ew("add", s, mask)
+    p = compose.softmax(b, s, -1)
+    return b.matmul(p, v), p
+
+
+def _mha(b, query, key, value, E, H, w_in, b_in, w_out, b_out, mask=None):
+    """nn.MultiheadAttention with batch-first [B, L, E] inputs; returns (out, probs[B,H,L,S])."""
+    D = E // H
+
+    def proj(x, part):
+        w = b.slice(w_in, 0, part * E, (part + 1) * E)
+        bias = b.slice(b_in, 0, part * E, (part + 1) * E) if b_in is not None else None
+        y = compose.linear(b, x, w, bias)
+        return b.permute(b.reshape(y, [x.shape[0], x.shape[1], H, D]), [0, 2, 1, 3])
+
+    q, k, v = proj(query, 0), proj(key, 1), proj(value, 2)
+    o, p = _attention(b, q, k, v, mask)
+    o = b.reshape(b.permute(o, [0, 2, 1, 3]), [query.shape[0], query.shape[1], E])
+    return compose.linear(b, o, w_out, b_out), p
+
+
+def _mask_for(b, mask, mask_type, B, L):
+    if mask is None:
+        return None
+    if mask_type == 1 or (len(mask.shape) == 2 and mask.shape == (B, L) and B != L):
+        # key padding mask [B, S]: True means "ignore"
+        m = b.reshape(mask, [B, 1, 1, mask.shape[1]])
+    else:
+        m = mask
+    if m.dtype == "bool":
+        return b.ew("logical_not", m)  # _attention keeps True positions
+    return m
+
+
+@lowers(aten._transformer_encoder_layer_fwd.default)
+def transformer_encoder_layer(ctx, src, embed_dim, num_heads, qkv_weight, qkv_bias, proj_weight, proj_bias,
+                              use_gelu, norm_first, eps, norm_weight_1, norm_bias_1, norm_weight_2, norm_bias_2,
+                              ffn_weight_1, ffn_bias_1, ffn_weight_2, ffn_bias_2, mask=None, mask_type=None):
+    b = ctx.b
+    if len(src.shape) != 3:
+        raise Unsupported("_transformer_encoder_layer_fwd on a nested or unbatched input")
+    B, L, _ = src.shape
+    m = _mask_for(b, mask, mask_type, B, L)
+
+    def sa(x):
+        return _mha(b, x, x, x, embed_dim, num_heads, qkv_weight, qkv_bias, proj_weight, proj_bias, m)[0]
+
+    def ff(x):
+        h = compose.linear(b, x, ffn_weight_1, ffn_bias_1)
+        h = compose.gelu(b, h) if use_gelu else b.ew("relu", h)
+        return compose.linear(b, h, ffn_weight_2, ffn_bias_2)
+
+    def ln(x, w, bias):
+        return compose.layer_norm(b, x, 1, w, bias, eps)[0]
+
+    x = src
+    if norm_first:
+        x = b.ew("add", x, sa(ln(x, norm_weight_1, norm_bias_1)))
+        x = b.ew("add", x, ff(ln(x, norm_weight_2, norm_bias_2)))
+    else:
+        x = ln(b.ew("add", x, sa(x)), norm_weight_1, norm_bias_1)
+        x = ln(b.ew("add", x, ff(x)), norm_weight_2, norm_bias_2)
+    return x
+
+
+@lowers(aten._native_multi_head_attention.default)
+def native_mha(ctx, query, key, value, embed_dim, num_head, qkv_weight, qkv_bias, proj_weight, proj_bias,
+               mask=None, need_weights=True, average_attn_weights=True, mask_type=None):
+    b = ctx.b
+    if len(query.shape) != 3:
+        raise Unsupported("_native_multi_head_attention on an unbatched input")
+    m = _mask_for(b, mask, mask_type, query.shape[0], key.shape[1])
+    out, p = _mha(b, query, key, value, embed_dim, num_head, qkv_weight, qkv_bias, proj_weight, proj_bias, m)
+    if not need_weights:
+        return out, b.full(0, out.dtype, (0,))
+    return out, compose.mean(b, p, [1]) if average_attn_weights else p

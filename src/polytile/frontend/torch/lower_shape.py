@@ -1,0 +1,167 @@
+"""Lowering rules: views (folded into strided index maps), concatenation, padding, indexing."""
+from __future__ import annotations
+
+import torch
+
+from ...dtypes import Unsupported
+from ...graph.ir import Node
+from .registry import lowers
+
+aten = torch.ops.aten
+
+
+@lowers(aten.view.default, aten._unsafe_view.default, aten.reshape.default)
+def view(ctx, x, shape):
+    return ctx.b.reshape(x, list(shape))
+
+
+@lowers(aten.permute.default)
+def permute(ctx, x, dims):
+    return ctx.b.permute(x, list(dims))
+
+
+@lowers(aten.transpose.int)
+def transpose(ctx, x, a, c):
+    return ctx.b.transpose(x, a, c)
+
+
+@lowers(aten.t.default)
+def t(ctx, x):
+    return ctx.b.transpose(x, 0, 1) if len(x.shape) == 2 else x
+
+
+@lowers(aten.expand.default)
+def expand(ctx, x, shape, implicit=False):
+    return ctx.b.expand(x, list(shape))
+
+
+@lowers(aten.slice.Tensor)
+def slice_(ctx, x, dim=0, start=None, end=None, step=1):
+    n = x.shape[dim]
+    return ctx.b.slice(x, dim, 0 if start is None else start, n if end is None else min(end, n), step)
+
+
+@lowers(aten.narrow.default)
+def narrow(ctx, x, dim, start, length):
+    return ctx.b.slice(x, dim, start, start + length)
+
+
+@lowers(aten.select.int)
+def select(ctx, x, dim, index):
+    return ctx.b.select(x, dim, index)
+
+
+@lowers(aten.unsqueeze.default)
+def unsqueeze(ctx, x, dim):
+    return ctx.b.unsqueeze(x, dim)
+
+
+@lowers(aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default)
+def squeeze(ctx, x, dim=None):
+    return ctx.b.squeeze(x, None if dim is None else ([dim] if isinstance(dim, int) else list(dim)))
+
+
+@lowers(aten.as_strided.default)
+def as_strided(ctx, x, size, stride, storage_offset=None):
+    return ctx.b.as_strided(x, list(size), list(stride), storage_offset or 0)
+
+
+@lowers(aten.split.Tensor)
+def split(ctx, x, split_size, dim=0):
+    n = x.shape[dim]
+    return tuple(ctx.b.slice(x, dim, s, min(s + split_size, n)) for s in range(0, max(n, 1), split_size))
+
+
+@lowers(aten.split_with_sizes.default)
+def split_with_sizes(ctx, x, sizes, dim=0):
+    out, s = [], 0
+    for k in sizes:
+        out.append(ctx.b.slice(x, dim, s, s + k))
+        s += k
+    return tuple(out)
+
+
+@lowers(aten.unbind.int)
+def unbind(ctx, x, dim=0):
+    return tuple(ctx.b.select(x, dim, k) for k in range(x.shape[dim]))
+
+
+@lowers(aten.cat.default)
+def cat(ctx, xs, dim=0):
+    dt = ctx.out_dtype
+    xs = [ctx.b.cast(x, dt) for x in xs if not (len(x.shape) == 1 and x.shape[0] == 0)]
+    if not xs:
+        return ctx.b.full(0, dt, ctx.out_shape)
+    return ctx.b.concat(xs, dim)
+
+
+@lowers(aten.stack.default)
+def stack(ctx, xs, dim=0):
+    return ctx.b.concat([ctx.b.unsqueeze(x, dim) for x in xs], dim)
+
+
+@lowers(aten.constant_pad_nd.default)
+def constant_pad_nd(ctx, x, pad, value=0):
+    pads = [(0, 0)] * len(x.shape)
+    for k in range(len(pad) // 2):
+        pads[len(x.shape) - 1 - k] = (pad[2 * k], pad[2 * k + 1])
+    return ctx.b.node("pad", [x], pads=tuple(pads), value=ctx.b.full(value, x.dtype).attr("value"))
+
+
+@lowers(aten.index_select.default)
+def index_select(ctx, x, dim, index):
+    return ctx.b.node("gather", [x, index], axis=dim % max(len(x.shape), 1))
+
+
+@lowers(aten.embedding.default)
+def embedding(ctx, weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
+    return ctx.b.node("gather", [weight, indices], axis=0)
+
+
+@lowers(aten.gather.default)
+def gather(ctx, x, dim, index, sparse_grad=False):
+    return ctx.b.node("take_along", [x, index], axis=dim % max(len(x.shape), 1))
+
+
+@lowers(aten.index.Tensor)
+def index(ctx, x, indices):
+    """x[..., idx, ...] with exactly one index tensor (others None)."""
+    given = [(k, i) for k, i in enumerate(indices) if i is not None]
+    if len(given) != 1 or not isinstance(given[0][1], Node) or given[0][1].dtype == "bool":
+        raise Unsupported("aten.index with more than one (or a boolean) index tensor")
+    k, idx = given[0]
+    return ctx.b.node("gather", [x, idx], axis=k)
+
+
+@lowers(aten.repeat.default)
+def repeat(ctx, x, repeats):
+    b = ctx.b
+    lead = len(repeats) - len(x.shape)
+    x = b.reshape(x, [1] * lead + list(x.shape))
+    # [s0, s1] x [r0, r1] -> expand to [r0, s0, r1, s1] then reshape
+    inter, out = [], []
+    for s, r in zip(x.shape, repeats):
+        inter += [r, s]
+        out.append(s * r)
+    y = b.reshape(x, [v for s in x.shape for v in (1, s)])
+    return b.reshape(b.materialize(b.expand(y, inter)), out)
+
+
+def _tri(ctx, x, diagonal, upper):
+    b = ctx.b
+    r, c = x.shape[-2:]
+    rows = b.reshape(b.iota(r, "int64"), [r, 1])
+    cols = b.reshape(b.iota(c, "int64"), [1, c])
+    d = b.ew("sub", cols, rows)
+    keep = b.ew("ge" if upper else "le", d, int(diagonal))
+    return b.where(keep, x, 0, dtype=x.dtype)
+
+
+@lowers(aten.triu.default)
+def triu(ctx, x, diagonal=0):
+    return _tri(ctx, x, diagonal, True)
+
+
+@lowers(aten.tril.default)
+def tril(ctx, x, diagonal=0):
+    return _tri(ctx, x, diagonal, False)

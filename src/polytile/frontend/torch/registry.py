@@ -1,0 +1,58 @@
+"""The ATen -> graph IR lowering table: one rule per ATen op overload.
+
+A rule is ``rule(ctx, *args, **kwargs)`` where tensor arguments arrive as graph nodes and
+everything else as Python values; it returns a node, a tuple of nodes, or a Python value.
+It raises ``Unsupported`` for cases it does not handle; the frontend then runs that op in ATen.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from ...dtypes import Unsupported, from_torch
+from ...graph.builder import GraphBuilder
+
+LOWERINGS: dict[Any, Callable] = {}
+
+
+def lowers(*targets):
+    def deco(fn):
+        for t in targets:
+            if t in LOWERINGS:
+                raise ValueError(f"two lowering rules for {t}")
+            LOWERINGS[t] = fn
+        return fn
+    return deco
+
+
+class Ctx:
+    """What a rule sees besides its arguments: the builder and the FX node's metadata."""
+
+    def __init__(self, b: GraphBuilder, node):
+        self.b = b
+        self.node = node
+
+    @property
+    def val(self):
+        v = self.node.meta.get("val")
+        if v is None:
+            raise Unsupported(f"{self.node.target}: no example value in node meta")
+        return v
+
+    @property
+    def out_dtype(self) -> str:
+        v = self.val
+        if isinstance(v, (tuple, list)):
+            v = v[0]
+        return from_torch(v.dtype)
+
+    @property
+    def out_shape(self) -> tuple[int, ...]:
+        v = self.val
+        if isinstance(v, (tuple, list)):
+            v = v[0]
+        return tuple(int(s) for s in v.shape)
+
+
+def ensure_loaded() -> None:
+    """Import the modules that fill the table."""
+    from . import lower_elementwise, lower_nn, lower_reduce, lower_shape  # noqa: F401

@@ -1,0 +1,78 @@
+"""Compiler options: one frozen dataclass, the only place that reads environment variables."""
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Mapping
+
+
+def _default_cache_dir() -> str:
+    env = os.environ.get("POLYTILE_CACHE_DIR")
+    if env:
+        return env
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(Path.home(), ".cache")
+    return os.path.join(base, "polytile")
+
+
+def _default_threads() -> int:
+    env = os.environ.get("POLYTILE_THREADS")
+    if env:
+        return max(1, int(env))
+    import torch
+
+    return max(1, torch.get_num_threads())
+
+
+@dataclass(frozen=True)
+class Options:
+    """Every knob of the compiler. Pass as ``torch.compile(..., options={...})``."""
+
+    dump_dir: str | None = field(default_factory=lambda: os.environ.get("POLYTILE_DUMP_DIR") or None)
+    """Write graph IR, affine IR after each pass, and generated C here (numbered by stage)."""
+    cache_dir: str = field(default_factory=_default_cache_dir)
+    """Where compiled kernels are cached (must be owned by the user, mode 0700)."""
+    threads: int = field(default_factory=_default_threads)
+    """OpenMP thread count passed explicitly to every parallel loop."""
+    cc: str = field(default_factory=lambda: os.environ.get("POLYTILE_CC") or os.environ.get("CC") or "gcc")
+    """System C compiler."""
+    cflags: tuple[str, ...] = ("-O3", "-march=native", "-ffp-contract=fast")
+    """Optimization flags for the C compiler (-fopenmp -shared -fPIC are always added)."""
+    fallback: bool = True
+    """When an op has no lowering or a compile stage fails, run that part through ATen (with a
+    warning). With False, such a failure raises instead."""
+    verify: bool = True
+    """Run the IR verifiers after every pass."""
+    parallel_min_work: int = 16384
+    """A nest with fewer scalar iterations than this runs on one thread."""
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any] | None) -> "Options":
+        if d is None:
+            return cls()
+        if isinstance(d, Options):
+            return d
+        valid = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - valid)
+        if unknown:
+            raise ValueError(
+                f"polytile: unknown option(s) {unknown}; valid options are {sorted(valid)}"
+            )
+        kw = dict(d)
+        if "cflags" in kw and isinstance(kw["cflags"], str):
+            kw["cflags"] = tuple(kw["cflags"].split())
+        elif "cflags" in kw:
+            kw["cflags"] = tuple(kw["cflags"])
+        if "threads" in kw:
+            kw["threads"] = int(kw["threads"])
+            if kw["threads"] < 1:
+                raise ValueError("polytile: option 'threads' must be >= 1")
+        return cls(**kw)
+
+    def replace(self, **kw: Any) -> "Options":
+        return dataclasses.replace(self, **kw)
+
+    def cache_key(self) -> str:
+        """The parts of the options that change generated code (not where it is written)."""
+        return repr((self.threads, self.cc, self.cflags, self.parallel_min_work))

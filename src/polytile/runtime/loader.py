@@ -1,0 +1,83 @@
+"""Load a compiled graph and run it: one native call per execution, inputs checked first."""
+from __future__ import annotations
+
+import ctypes
+import threading
+from dataclasses import dataclass
+
+import torch
+
+from ..dtypes import to_torch
+
+
+class InputMismatchError(TypeError):
+    """A compiled graph was called with inputs unlike the ones it was compiled for."""
+
+
+class KernelRuntimeError(RuntimeError):
+    """A generated kernel reported an error (e.g. an index out of range)."""
+
+
+_ERRORS = {1: "index out of range in an indexing op (index_select / embedding / gather)"}
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+    dtype: str
+
+    def describe(self) -> str:
+        return f"{self.dtype}{list(self.shape)} strides {list(self.strides)}"
+
+
+def _same_strides(t: torch.Tensor, spec: TensorSpec) -> bool:
+    return all(s == e or n <= 1 for s, e, n in zip(t.stride(), spec.strides, spec.shape))
+
+
+class NativeGraph:
+    """A compiled graph: ``graph(*tensors) -> list of output tensors``."""
+
+    def __init__(self, so_path: str, inputs: list[TensorSpec], outputs: list[TensorSpec],
+                 arena_bytes: int, threads: int, entry: str = "pt_entry", name: str = "graph"):
+        self.so_path = so_path
+        self._lib = ctypes.CDLL(so_path)
+        fn = getattr(self._lib, entry)
+        fn.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int]
+        fn.restype = ctypes.c_int
+        self._fn = fn
+        self.inputs, self.outputs = inputs, outputs
+        self._in_dtypes = [to_torch(s.dtype) for s in inputs]
+        self._out_dtypes = [to_torch(s.dtype) for s in outputs]
+        self.arena_bytes = arena_bytes
+        self.arena: torch.Tensor | None = None  # allocated on the first call (compile may run under fake mode)
+        self.threads = threads
+        self.name = name
+        self._nargs = len(inputs) + len(outputs) + 1
+        self._lock = threading.Lock()
+
+    def check(self, args) -> None:
+        if len(args) != len(self.inputs):
+            raise InputMismatchError(f"polytile {self.name}: expected {len(self.inputs)} inputs, got {len(args)}")
+        for k, (t, spec, dt) in enumerate(zip(args, self.inputs, self._in_dtypes)):
+            if not isinstance(t, torch.Tensor):
+                raise InputMismatchError(f"polytile {self.name}: input {k} is {type(t).__name__}, not a tensor")
+            if t.device.type != "cpu":
+                raise InputMismatchError(f"polytile {self.name}: input {k} is on {t.device}; compiled for cpu")
+            if t.dtype != dt or tuple(t.shape) != spec.shape or not _same_strides(t, spec):
+                raise InputMismatchError(
+                    f"polytile {self.name}: input {k} is {str(t.dtype).replace('torch.', '')}{list(t.shape)} "
+                    f"strides {list(t.stride())}; compiled for {spec.describe()}")
+
+    def __call__(self, *args: torch.Tensor) -> list[torch.Tensor]:
+        self.check(args)
+        if self.arena is None:
+            self.arena = torch.empty(max(self.arena_bytes, 64), dtype=torch.uint8)
+        outs = [torch.empty(s.shape, dtype=dt) for s, dt in zip(self.outputs, self._out_dtypes)]
+        ptrs = (ctypes.c_void_p * self._nargs)(
+            *[t.data_ptr() for t in args], *[t.data_ptr() for t in outs], self.arena.data_ptr())
+        with self._lock:
+            err = self._fn(ptrs, self.threads)
+        if err:
+            raise KernelRuntimeError(f"polytile {self.name}: {_ERRORS.get(err, f'kernel error {err}')}")
+        return outs

@@ -1,0 +1,69 @@
+"""Parallelization: prove loops parallel with isl, then choose which loops run under OpenMP."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from ..affine import isl as pisl
+from ..affine.ir import For, If, Kernel, Program, Stmt, trip_count
+
+
+def check_parallel(p: Program) -> Program:
+    """Keep a ``parallel`` mark only where isl finds no loop-carried dependence."""
+    sizes = {b.name: b.size for b in p.buffers}
+
+    def fix(body: tuple[Stmt, ...], depth: int, accs) -> tuple[Stmt, ...]:
+        out = []
+        for s in body:
+            if isinstance(s, For):
+                mine = [a for a in accs if len(a.loops) > depth and a.loops[depth] == id(s)]
+                par = s.parallel and not pisl.carried_dependence(mine, depth)
+                out.append(replace(s, body=fix(s.body, depth + 1, mine), parallel=par))
+            elif isinstance(s, If):
+                out.append(replace(s, then=fix(s.then, depth, accs), orelse=fix(s.orelse, depth, accs)))
+            else:
+                out.append(s)
+        return tuple(out)
+
+    kernels = []
+    for k in p.kernels:
+        kernels.append(replace(k, body=fix(k.body, 0, pisl.accesses(k.body, sizes))))
+    return replace(p, kernels=tuple(kernels))
+
+
+def _work(body: tuple[Stmt, ...]) -> int:
+    """Scalar iterations of a body (non-constant trip counts count as 1: a lower bound)."""
+    total = 0
+    for s in body:
+        if isinstance(s, For):
+            total += (trip_count(s) or 1) * max(1, _work(s.body))
+        elif isinstance(s, If):
+            total += max(_work(s.then), _work(s.orelse), 1)
+        else:
+            total += 1
+    return total
+
+
+def assign_omp(p: Program, *, threads: int, min_work: int) -> Program:
+    """Put OpenMP on the outermost band of parallel loops of each kernel whose work is large
+    enough; collapse just enough loops of the band to give every thread several iterations."""
+    if threads <= 1:
+        return p
+
+    def choose(s: For) -> For:
+        band, f = [], s
+        while isinstance(f, For) and f.parallel and trip_count(f) is not None:
+            band.append(f)
+            f = f.body[0] if len(f.body) == 1 else None
+        if not band or _work((s,)) < min_work:
+            return s
+        iters, k = 1, 0
+        for b in band:
+            iters *= trip_count(b)
+            k += 1
+            if iters >= 4 * threads:
+                break
+        return replace(s, omp=k)
+
+    kernels = tuple(replace(k, body=tuple(choose(s) if isinstance(s, For) else s for s in k.body))
+                    for k in p.kernels)
+    return replace(p, kernels=kernels)

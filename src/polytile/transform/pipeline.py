@@ -1,0 +1,41 @@
+"""The ordered list of passes from the affine IR to what the renderer sees.
+
+Each pass is a pure function Program -> Program. With ``Options.dump_dir`` set, the IR after
+every pass is written there (see ``runtime.dump``).
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from ..affine.ir import Program
+from ..affine.verify import verify_program
+from ..options import Options
+from . import parallelize
+
+Pass = tuple[str, Callable[[Program, Options], Program]]
+
+PASSES: list[Pass] = [
+    ("check_parallel", lambda p, o: parallelize.check_parallel(p)),
+    ("assign_omp", lambda p, o: parallelize.assign_omp(p, threads=o.threads, min_work=o.parallel_min_work)),
+]
+
+
+def run_pipeline(p: Program, options: Options, dump: Callable[[str, Program], None] | None = None) -> Program:
+    if options.verify:
+        verify_program(p)
+    for name, fn in PASSES:
+        try:
+            p = fn(p, options)
+        except Exception as e:
+            raise PassError(name, e) from e
+        if options.verify:
+            verify_program(p)
+        if dump:
+            dump(name, p)
+    return p
+
+
+class PassError(RuntimeError):
+    def __init__(self, name: str, err: Exception):
+        super().__init__(f"polytile pass {name!r} failed: {type(err).__name__}: {err}")
+        self.pass_name = name
