@@ -128,7 +128,16 @@ class Fail:
     code: int
 
 
-Stmt = For | Store | Let | Assign | If | Fail
+@dataclass(frozen=True)
+class Alloc:
+    """A kernel-local array (memref.alloca): private to the loop iteration that declares it."""
+
+    name: str
+    dtype: str
+    size: int
+
+
+Stmt = For | Store | Let | Assign | If | Fail | Alloc
 
 
 @dataclass(frozen=True)
@@ -192,9 +201,14 @@ def walk_stmts(body: tuple[Stmt, ...]) -> Iterator[Stmt]:
             yield from walk_stmts(s.orelse)
 
 
+def local_arrays(body: tuple[Stmt, ...]) -> dict[str, Alloc]:
+    return {s.name: s for s in walk_stmts(body) if isinstance(s, Alloc)}
+
+
 def buffers_used(k: Kernel) -> tuple[set[str], set[str]]:
-    """(read, written) buffer names of a kernel."""
+    """(read, written) names of the program buffers a kernel uses (local arrays excluded)."""
     reads, writes = set(), set()
+    local = local_arrays(k.body)
     for s in walk_stmts(k.body):
         if isinstance(s, Store):
             writes.add(s.buf)
@@ -202,7 +216,7 @@ def buffers_used(k: Kernel) -> tuple[set[str], set[str]]:
             for x in walk_exprs(e):
                 if isinstance(x, Load):
                     reads.add(x.buf)
-    return reads, writes
+    return reads - set(local), writes - set(local)
 
 
 def is_affine(e: Expr, ivs: frozenset[str] | set[str]) -> bool:

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 import islpy as isl
 
-from .ir import INDEX, Const, Expr, For, If, Load, Op, Stmt, Store, Var, stmt_exprs, walk_exprs
+from .ir import INDEX, Alloc, Const, Expr, For, If, Load, Op, Stmt, Store, Var, stmt_exprs, walk_exprs
 
 _CMP = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "="}
 
@@ -50,14 +50,21 @@ class Access:
     constraints: tuple[str, ...]  # the statement's domain
     index: str | None  # affine index, or None (indirect: any element)
     size: int
+    private_below: int = -1  # local array declared inside this many loops (-1: a program buffer)
 
 
 def accesses(body: tuple[Stmt, ...], sizes: dict[str, int]) -> list[Access]:
     """Every load and store under ``body`` with its iteration domain."""
     out: list[Access] = []
+    sizes = dict(sizes)
+    depth_of: dict[str, int] = {}
 
     def visit(stmts, ivs, cons, loops=()):
         for s in stmts:
+            if isinstance(s, Alloc):
+                sizes[s.name] = s.size
+                depth_of[s.name] = len(loops)
+                continue
             if isinstance(s, For):
                 c2 = list(cons)
                 lo, hi = aff(s.lo), aff(s.hi)
@@ -70,9 +77,11 @@ def accesses(body: tuple[Stmt, ...], sizes: dict[str, int]) -> list[Access]:
             for e in stmt_exprs(s):
                 for x in walk_exprs(e):
                     if isinstance(x, Load):
-                        out.append(Access(x.buf, False, ivs, loops, cons, aff(x.index), sizes[x.buf]))
+                        out.append(Access(x.buf, False, ivs, loops, cons, aff(x.index), sizes[x.buf],
+                                          depth_of.get(x.buf, -1)))
             if isinstance(s, Store):
-                out.append(Access(s.buf, True, ivs, loops, cons, aff(s.index), sizes[s.buf]))
+                out.append(Access(s.buf, True, ivs, loops, cons, aff(s.index), sizes[s.buf],
+                                  depth_of.get(s.buf, -1)))
             if isinstance(s, If):
                 visit(s.then, ivs, cons + tuple(cond(s.cond)), loops)
                 visit(s.orelse, ivs, cons, loops)
@@ -103,6 +112,7 @@ def carried_dependence(accs: list[Access], depth: int) -> bool:
     differ = f"({names_a[-1]} < {names_b[-1]} or {names_a[-1]} > {names_b[-1]})"
     pairs = isl.Map(f"{{ [{', '.join(names_a)}] -> [{', '.join(names_b)}] : "
                     f"{' and '.join(same_outer + [differ])} }}")
+    accs = [a for a in accs if a.private_below <= depth]  # arrays declared inside are private
     bufs = {a.buf for a in accs if a.write}
     for buf in bufs:
         writes = [relation(a, keep) for a in accs if a.buf == buf and a.write]

@@ -1,7 +1,7 @@
 """Text form of the affine IR, in the style of MLIR's affine dialect (for reading and dumps)."""
 from __future__ import annotations
 
-from .ir import Assign, Const, Expr, Fail, For, If, Kernel, Let, Load, Op, Program, Stmt, Store, Var
+from .ir import Alloc, Assign, Const, Expr, Fail, For, If, Kernel, Let, Load, Op, Program, Stmt, Store, Var
 
 _INFIX = {"add": "+", "sub": "-", "mul": "*", "floordiv": "floordiv", "remainder": "mod"}
 
@@ -45,6 +45,8 @@ def stmts(body: tuple[Stmt, ...], ind: int) -> list[str]:
             out.append(pad + "}")
         elif isinstance(s, Fail):
             out.append(f"{pad}fail {s.code}")
+        elif isinstance(s, Alloc):
+            out.append(f"{pad}%{s.name} = memref.alloca() : {s.dtype}[{s.size}]")
         else:  # pragma: no cover
             raise TypeError(s)
     return out

@@ -1,7 +1,7 @@
 """Verifier of the affine IR: run after every pass when ``Options.verify`` is set."""
 from __future__ import annotations
 
-from .ir import (INDEX, Assign, Const, Expr, Fail, For, If, Let, Load, Op, Program, Stmt, Store, Var,
+from .ir import (INDEX, Alloc, Assign, Const, Expr, Fail, For, If, Let, Load, Op, Program, Stmt, Store, Var,
                  stmt_exprs, walk_exprs)
 
 
@@ -14,12 +14,13 @@ def verify_program(p: Program) -> None:
     if len(bufs) != len(p.buffers):
         raise VerifyError("duplicate buffer names")
     for k in p.kernels:
-        _verify_body(k.body, bufs, {}, set(), k.name, shared=frozenset())
+        _verify_body(k.body, dict(bufs), {}, set(), k.name, shared=frozenset())
 
 
 def _verify_body(body, bufs, scalars: dict[str, str], ivs: set[str], where: str, shared: frozenset) -> None:
     """``shared``: scalars declared outside the innermost parallel loop (must not be assigned)."""
     scalars = dict(scalars)
+    bufs = dict(bufs)
     for s in body:
         for e in stmt_exprs(s):
             _check_expr(e, bufs, scalars, ivs, where)
@@ -29,7 +30,7 @@ def _verify_body(body, bufs, scalars: dict[str, str], ivs: set[str], where: str,
             _verify_body(s.body, bufs, scalars, ivs | {s.var}, where, frozenset(scalars) if s.parallel else shared)
         elif isinstance(s, Store):
             b = bufs.get(s.buf)
-            if b is None or b.kind == "input":
+            if b is None or getattr(b, "kind", "local") == "input":
                 raise VerifyError(f"{where}: store to {'input' if b else 'unknown'} buffer {s.buf}")
             if s.value.dtype != b.dtype:
                 raise VerifyError(f"{where}: store of {s.value.dtype} into {b.dtype} buffer {s.buf}")
@@ -50,6 +51,10 @@ def _verify_body(body, bufs, scalars: dict[str, str], ivs: set[str], where: str,
                 raise VerifyError(f"{where}: if condition of type {s.cond.dtype}")
             _verify_body(s.then, bufs, scalars, ivs, where, shared)
             _verify_body(s.orelse, bufs, scalars, ivs, where, shared)
+        elif isinstance(s, Alloc):
+            if s.name in bufs:
+                raise VerifyError(f"{where}: local array {s.name} shadows a buffer")
+            bufs[s.name] = s
         elif not isinstance(s, Fail):
             raise VerifyError(f"{where}: unknown statement {s!r}")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 from typing import Callable
 
-from ..affine.ir import (INDEX, Assign, Const, Expr, Fail, For, If, Kernel, Let, Load, Op, Program,
+from ..affine.ir import (INDEX, Alloc, Assign, Const, Expr, Fail, For, If, Kernel, Let, Load, Op, Program,
                          Stmt, Store, Var, buffers_used)
 
 CTYPE = {"float32": "float", "float64": "double", "int64": "int64_t", "int32": "int32_t",
@@ -163,6 +163,8 @@ def stmts(body: tuple[Stmt, ...], ind: int) -> list[str]:
             out.append(pad + "}")
         elif isinstance(s, Fail):
             out.append(f"{pad}__atomic_store_n(pt_err, {s.code}, __ATOMIC_RELAXED);")
+        elif isinstance(s, Alloc):
+            out.append(f"{pad}{CTYPE[s.dtype]} {s.name}[{max(s.size, 1)}] __attribute__((aligned(64)));")
         else:  # pragma: no cover
             raise TypeError(s)
     return out

@@ -10,12 +10,15 @@ from typing import Callable
 from ..affine.ir import Program
 from ..affine.verify import verify_program
 from ..options import Options
-from . import parallelize
+from . import bounds, interchange, parallelize
 
 Pass = tuple[str, Callable[[Program, Options], Program]]
 
 PASSES: list[Pass] = [
     ("check_parallel", lambda p, o: parallelize.check_parallel(p)),
+    ("sink_parallel_loops", lambda p, o: interchange.sink_parallel_loops(p, tile=512)),
+    ("conditions_to_bounds", lambda p, o: bounds.conditions_to_bounds(p)),
+    ("check_parallel_again", lambda p, o: parallelize.check_parallel(p)),
     ("assign_omp", lambda p, o: parallelize.assign_omp(p, threads=o.threads, min_work=o.parallel_min_work)),
 ]
 

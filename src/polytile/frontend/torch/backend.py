@@ -36,14 +36,40 @@ def _fw_compiler(options: Options):
 
     def compiler(gm: torch.fx.GraphModule, example_inputs):
         if not _static(example_inputs):
-            log.warning("polytile: graph with dynamic shapes runs in ATen (compile with dynamic=False)")
-            for n in gm.graph.nodes:
-                if n.op == "call_function":
-                    stats.fell_back(str(n.target))
-            return make_boxed_func(gm.forward)
+            return make_boxed_func(_specializing(gm, options))
         return make_boxed_func(compile_aten_graph(gm, example_inputs, options))
 
     return compiler
+
+
+def _signature(a):
+    if isinstance(a, torch.Tensor):
+        return (tuple(a.shape), tuple(a.stride()), a.dtype, a.device.type)
+    return (type(a).__name__, a)
+
+
+def _specializing(gm: torch.fx.GraphModule, options: Options):
+    """A graph with symbolic shapes (dynamo's automatic dynamic shapes): compile one static
+    version per distinct input signature, on first use, with shapes made concrete."""
+    import copy
+
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+
+    from .compile import compile_aten_graph
+
+    versions: dict = {}
+
+    def run(*args):
+        key = tuple(_signature(a) for a in args)
+        fn = versions.get(key)
+        if fn is None:
+            g = copy.deepcopy(gm)
+            FakeTensorProp(g, mode=FakeTensorMode(allow_non_fake_inputs=True)).propagate(*args)
+            fn = versions[key] = compile_aten_graph(g, list(args), options)
+        return fn(*args)
+
+    return run
 
 
 def polytile_backend(gm: torch.fx.GraphModule, example_inputs, options=None):

@@ -96,7 +96,10 @@ def compile_aten_graph(gm: fx.GraphModule, example_inputs, options: Options):
         if isinstance(a, fx.Node):
             if a in seg.env:
                 return seg.env[a]
-            return seg.external(a, _example(a, gm, example_inputs, placeholders))
+            ex = _example(a, gm, example_inputs, placeholders)
+            if type(ex) in (int, float, bool):  # a static scalar (shape arithmetic): a constant here
+                return ex
+            return seg.external(a, ex)
         if isinstance(a, (list, tuple)):
             return type(a)(value_in(seg, x) for x in a)
         if isinstance(a, torch.dtype):
@@ -105,8 +108,12 @@ def compile_aten_graph(gm: fx.GraphModule, example_inputs, options: Options):
             raise Unsupported("tensor constant in arguments")
         return a
 
+    pre: list = []  # static shape arithmetic (python scalars): evaluated first, never a fallback
     for node in gm.graph.nodes:
         if node.op in ("placeholder", "output"):
+            continue
+        if node.op == "call_function" and type(node.meta.get("val")) in (int, float, bool):
+            pre.append(node)
             continue
         if node.op == "call_function" and node.target is operator.getitem and node.args[0] in cur.env:
             cur.env[node] = cur.env[node.args[0]][node.args[1]]
@@ -177,7 +184,7 @@ def compile_aten_graph(gm: fx.GraphModule, example_inputs, options: Options):
                 if n.target is not operator.getitem:
                     stats.fell_back(_fallback_reason(n))
                 final.append(n)
-    return _make_runner(gm, final, placeholders, out_node)
+    return _make_runner(gm, pre + final, placeholders, out_node)
 
 
 def _finish_segment(seg: Segment, options: Options, name: str, dumper) -> None:
