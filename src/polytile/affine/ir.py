@@ -246,3 +246,49 @@ def trip_count(f: For) -> int | None:
 
 def with_body(f: For, body: tuple[Stmt, ...]) -> For:
     return replace(f, body=tuple(body))
+
+
+# ---------------------------------------------------------------- renaming
+def _rename_expr(e: Expr, m: dict[str, str]) -> Expr:
+    if isinstance(e, Load):
+        return Load(m.get(e.buf, e.buf), _rename_expr(e.index, m), e.dtype)
+    if isinstance(e, Op):
+        return Op(e.fn, tuple(_rename_expr(a, m) for a in e.args), e.dtype)
+    return e
+
+
+def rename_buffers(body: tuple[Stmt, ...], m: dict[str, str]) -> tuple[Stmt, ...]:
+    """The same statements with buffer names mapped through ``m``."""
+    out = []
+    for s in body:
+        if isinstance(s, For):
+            s = replace(s, lo=_rename_expr(s.lo, m), hi=_rename_expr(s.hi, m), body=rename_buffers(s.body, m))
+        elif isinstance(s, Store):
+            s = Store(m.get(s.buf, s.buf), _rename_expr(s.index, m), _rename_expr(s.value, m))
+        elif isinstance(s, (Let, Assign)):
+            s = replace(s, value=_rename_expr(s.value, m))
+        elif isinstance(s, If):
+            s = If(_rename_expr(s.cond, m), rename_buffers(s.then, m), rename_buffers(s.orelse, m))
+        out.append(s)
+    return tuple(out)
+
+
+def canonical_order(body: tuple[Stmt, ...]) -> list[str]:
+    """Program buffers of a body in order of first appearance (structure-determined)."""
+    order: dict[str, None] = {}
+    local = local_arrays(body)
+    for s in walk_stmts(body):
+        for e in stmt_exprs(s):
+            for x in walk_exprs(e):
+                if isinstance(x, Load) and x.buf not in local:
+                    order.setdefault(x.buf)
+        if isinstance(s, Store) and s.buf not in local:
+            order.setdefault(s.buf)
+    return list(order)
+
+
+def canonicalize(body: tuple[Stmt, ...]) -> tuple[tuple[Stmt, ...], list[str]]:
+    """(body with buffers renamed b0, b1, ... by first appearance, original names in that order).
+    Kernels that differ only in which buffers they touch get equal canonical bodies."""
+    order = canonical_order(body)
+    return rename_buffers(body, {n: f"b{k}" for k, n in enumerate(order)}), order

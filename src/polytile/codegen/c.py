@@ -5,7 +5,7 @@ import math
 from typing import Callable
 
 from ..affine.ir import (INDEX, Alloc, Assign, Const, Expr, Fail, For, If, Kernel, Let, Load, Op, Program,
-                         Stmt, Store, Var, buffers_used)
+                         Stmt, Store, Var, buffers_used, canonicalize)
 
 CTYPE = {"float32": "float", "float64": "double", "int64": "int64_t", "int32": "int32_t",
          "int16": "int16_t", "int8": "int8_t", "uint8": "uint8_t", "bool": "bool"}
@@ -171,21 +171,27 @@ def stmts(body: tuple[Stmt, ...], ind: int) -> list[str]:
 
 
 def render(p: Program, offsets: dict[str, int], entry: str = "pt_entry") -> str:
-    """C source of the whole program: one static function per kernel plus one entry point
+    """C source of the whole program: one static function per distinct kernel (kernels that
+    differ only in their buffers share one function) plus one entry point
     ``int entry(void **args, int nthreads)``; args = inputs, outputs, then the arena."""
     bufs = {b.name: b for b in p.buffers}
     lines = [PRELUDE]
     calls = []
+    funcs: dict = {}  # (canonical body, param types) -> function name
     for k in p.kernels:
-        reads, writes = buffers_used(k)
-        names = sorted(reads | writes)
-        params = ", ".join(
-            f"{'const ' if n not in writes else ''}{CTYPE[bufs[n].dtype]}* restrict {n}" for n in names)
-        lines.append(f"/* {k.origin} */")
-        lines.append(f"static void {k.name}(int pt_nthreads, int* pt_err{', ' if params else ''}{params}) {{")
-        lines += stmts(k.body, 1)
-        lines.append("}\n")
-        calls.append(f"  {k.name}(nthreads, &err{''.join(', ' + n for n in names)});")
+        canon, order = canonicalize(k.body)
+        _, writes = buffers_used(k)
+        types = tuple((bufs[n].dtype, n in writes) for n in order)
+        key = (canon, types)
+        fname = funcs.get(key)
+        if fname is None:
+            fname = funcs[key] = k.name
+            params = ", ".join(f"{'' if w else 'const '}{CTYPE[dt]}* restrict b{i}" for i, (dt, w) in enumerate(types))
+            lines.append(f"/* {k.origin} */")
+            lines.append(f"static void {fname}(int pt_nthreads, int* pt_err{', ' if params else ''}{params}) {{")
+            lines += stmts(canon, 1)
+            lines.append("}\n")
+        calls.append(f"  {fname}(nthreads, &err{''.join(', ' + n for n in order)});  /* {k.origin} */")
     ins = sorted((b for b in p.buffers if b.kind == "input"), key=lambda b: b.index)
     outs = sorted((b for b in p.buffers if b.kind == "output"), key=lambda b: b.index)
     lines.append(f"int {entry}(void** args, int nthreads) {{")

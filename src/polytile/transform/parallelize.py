@@ -4,7 +4,10 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..affine import isl as pisl
-from ..affine.ir import For, If, Kernel, Program, Stmt, trip_count
+from ..affine.ir import For, If, Kernel, Program, Stmt, canonicalize, rename_buffers, trip_count
+
+# canonical kernel body + buffer sizes -> checked body (identical layers are checked once)
+_checked: dict = {}
 
 
 def check_parallel(p: Program) -> Program:
@@ -26,7 +29,20 @@ def check_parallel(p: Program) -> Program:
 
     kernels = []
     for k in p.kernels:
-        kernels.append(replace(k, body=fix(k.body, 0, pisl.accesses(k.body, sizes))))
+        canon, order = canonicalize(k.body)
+        key = (canon, tuple(sizes[n] for n in order))
+        try:
+            done = _checked.get(key)
+        except TypeError:  # unhashable constant: no memo
+            done, key = None, None
+        if done is None:
+            csizes = {f"b{i}": sizes[n] for i, n in enumerate(order)}
+            done = fix(canon, 0, pisl.accesses(canon, csizes))
+            if key is not None:
+                if len(_checked) > 4096:
+                    _checked.clear()
+                _checked[key] = done
+        kernels.append(replace(k, body=rename_buffers(done, {f"b{i}": n for i, n in enumerate(order)})))
     return replace(p, kernels=tuple(kernels))
 
 

@@ -30,7 +30,9 @@ _LOGICAL = {aten.logical_and: "logical_and", aten.logical_or: "logical_or", aten
 
 
 def _overloads(packet, names):
-    return [getattr(packet, n) for n in names if hasattr(packet, n)]
+    """The named overloads that exist and return a tensor (``aten.mul.default`` is Scalar x Scalar)."""
+    ops = [getattr(packet, n) for n in names if hasattr(packet, n)]
+    return [op for op in ops if str(op._schema.returns[0].type) == "Tensor"]
 
 
 for _p, _fn in _UNARY.items():
@@ -244,7 +246,7 @@ def full_like(ctx, x, fill_value, dtype=None, layout=None, device=None, pin_memo
 
 
 @lowers(aten.zeros_like.default, aten.empty_like.default, aten.zeros.default, aten.empty.memory_format,
-        aten.new_zeros.default, aten.new_empty.default, aten.empty_strided.default)
+        aten.new_zeros.default, aten.new_empty.default, aten.empty_strided.default, aten.empty_permuted.default)
 def zeros(ctx, *args, **kwargs):
     _check_device(kwargs.get("device"))
     return _full(ctx, 0)

@@ -88,6 +88,15 @@ def avg_pool2d(ctx, x, kernel_size, stride=None, padding=0, ceil_mode=False, cou
     return b.squeeze(y, [0]) if un else y
 
 
+@lowers(aten.adaptive_max_pool2d.default)
+def adaptive_max_pool2d(ctx, x, output_size):
+    (h, w), (oh, ow) = x.shape[-2:], _pair(output_size)
+    if h % oh or w % ow:
+        raise Unsupported("adaptive_max_pool2d with an input size not divisible by the output size")
+    k = (h // oh, w // ow)
+    return max_pool2d_with_indices(ctx, x, k, k)
+
+
 @lowers(aten._adaptive_avg_pool2d.default)
 def adaptive_avg_pool2d(ctx, x, output_size):
     return ctx.b.node("adaptive_avg_pool2d", [x], out=_pair(output_size))
