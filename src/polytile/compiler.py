@@ -1,12 +1,13 @@
 """Graph IR -> loaded native graph: affine lowering, pass pipeline, memory plan, C, cc, load."""
 from __future__ import annotations
 
+import os
 import time
 
 from . import counters as stats
 from .affine.build import build
 from .affine.printer import format_program
-from .codegen.c import render
+from .codegen.c import UNIT_MARK, render
 from .dump import Dumper
 from .graph.builder import contiguous_strides
 from .graph.ir import Graph, format_graph, verify_graph
@@ -30,10 +31,10 @@ def compile_graph_ir(graph: Graph, input_specs: list[TensorSpec], options: Optio
     prog = run_pipeline(prog, options, (lambda p_name, p: dumper.write(f"affine_{p_name}.mlir", format_program(p)))
                         if dumper else None)
     plan = plan_memory(prog)
-    src = render(prog, plan.offsets)
+    srcs = render(prog, plan.offsets, units=max(1, min(options.threads, os.cpu_count() or 1)))
     if dumper:
-        dumper.write("kernel.c", src)
-    so, hit = build_shared_object(src, options)
+        dumper.write("kernel.c", UNIT_MARK.join(srcs))
+    so, hit = build_shared_object(srcs, options)
     stats.bump("cache_hits" if hit else "cache_misses")
     stats.bump("kernels_generated", len(prog.kernels))
     stats.bump("graphs_compiled")

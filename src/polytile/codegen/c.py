@@ -170,14 +170,18 @@ def stmts(body: tuple[Stmt, ...], ind: int) -> list[str]:
     return out
 
 
-def render(p: Program, offsets: dict[str, int], entry: str = "pt_entry") -> str:
-    """C source of the whole program: one static function per distinct kernel (kernels that
-    differ only in their buffers share one function) plus one entry point
-    ``int entry(void **args, int nthreads)``; args = inputs, outputs, then the arena."""
+UNIT_MARK = "/* ==== translation unit ==== */\n"
+
+
+def render(p: Program, offsets: dict[str, int], entry: str = "pt_entry", units: int = 1) -> list[str]:
+    """C sources for the program: kernels spread over ``units`` translation units (compiled in
+    parallel), the entry point ``int entry(void **args, int nthreads)`` in the last one; args
+    are the inputs, the outputs, then the arena. Kernels that differ only in the buffers they
+    touch share one function."""
     bufs = {b.name: b for b in p.buffers}
-    lines = [PRELUDE]
-    calls = []
     funcs: dict = {}  # (canonical body, param types) -> function name
+    bodies: list[tuple[str, list[str]]] = []  # (prototype, lines)
+    calls = []
     for k in p.kernels:
         canon, order = canonicalize(k.body)
         _, writes = buffers_used(k)
@@ -187,23 +191,28 @@ def render(p: Program, offsets: dict[str, int], entry: str = "pt_entry") -> str:
         if fname is None:
             fname = funcs[key] = k.name
             params = ", ".join(f"{'' if w else 'const '}{CTYPE[dt]}* restrict b{i}" for i, (dt, w) in enumerate(types))
-            lines.append(f"/* {k.origin} */")
-            lines.append(f"static void {fname}(int pt_nthreads, int* pt_err{', ' if params else ''}{params}) {{")
-            lines += stmts(canon, 1)
-            lines.append("}\n")
+            proto = (f"__attribute__((visibility(\"hidden\"))) void {fname}"
+                     f"(int pt_nthreads, int* pt_err{', ' if params else ''}{params})")
+            bodies.append((proto, [f"/* {k.origin} */", proto + " {", *stmts(canon, 1), "}\n"]))
         calls.append(f"  {fname}(nthreads, &err{''.join(', ' + n for n in order)});  /* {k.origin} */")
+    units = max(1, min(units, len(bodies)))
+    # balance units by generated lines
+    parts: list[list[str]] = [[] for _ in range(units)]
+    sizes = [0] * units
+    for _, lines in sorted(bodies, key=lambda b: -len(b[1])):
+        i = sizes.index(min(sizes))
+        parts[i] += lines
+        sizes[i] += len(lines)
     ins = sorted((b for b in p.buffers if b.kind == "input"), key=lambda b: b.index)
     outs = sorted((b for b in p.buffers if b.kind == "output"), key=lambda b: b.index)
-    lines.append(f"int {entry}(void** args, int nthreads) {{")
-    lines.append("  int err = 0;")
+    ent = [PRELUDE] + [proto + ";" for proto, _ in bodies] + ["", f"int {entry}(void** args, int nthreads) {{",
+                                                              "  int err = 0;"]
     for pos, b in enumerate(ins + outs):
-        lines.append(f"  {CTYPE[b.dtype]}* {b.name} = ({CTYPE[b.dtype]}*)args[{pos}];")
-    lines.append(f"  char* arena = (char*)args[{len(ins) + len(outs)}];")
+        ent.append(f"  {CTYPE[b.dtype]}* {b.name} = ({CTYPE[b.dtype]}*)args[{pos}];")
+    ent.append(f"  char* arena = (char*)args[{len(ins) + len(outs)}];")
     for b in p.buffers:
         if b.kind == "temp":
-            lines.append(f"  {CTYPE[b.dtype]}* {b.name} = ({CTYPE[b.dtype]}*)(arena + {offsets[b.name]});")
-    lines.append("  (void)arena;")
-    lines += calls
-    lines.append("  return err;")
-    lines.append("}")
-    return "\n".join(lines) + "\n"
+            ent.append(f"  {CTYPE[b.dtype]}* {b.name} = ({CTYPE[b.dtype]}*)(arena + {offsets[b.name]});")
+    ent += ["  (void)arena;", *calls, "  return err;", "}"]
+    srcs = ["\n".join([PRELUDE, *part]) + "\n" for part in parts if part]
+    return srcs + ["\n".join(ent) + "\n"]

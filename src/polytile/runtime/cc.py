@@ -37,24 +37,38 @@ def _cpu_signature() -> str:
     return os.uname().machine
 
 
-def build_shared_object(source: str, options: Options) -> tuple[str, bool]:
-    """Path of a shared object for ``source`` and whether it came from the cache."""
+def build_shared_object(sources: list[str], options: Options) -> tuple[str, bool]:
+    """Path of a shared object built from the translation units ``sources`` (compiled in
+    parallel, then linked) and whether it came from the cache."""
     flags = tuple(options.cflags) + BASE_FLAGS
-    k = cache.key(source, " ".join(flags), compiler_version(options.cc), __version__, _cpu_signature())
+    k = cache.key(*sources, " ".join(flags), compiler_version(options.cc), __version__, _cpu_signature())
     d = cache.ensure_private_dir(options.cache_dir)
     so = os.path.join(d, f"{k}.so")
     if os.path.exists(so):
         return so, True
     with tempfile.TemporaryDirectory(dir=d, prefix=".build-") as tmp:
-        src = os.path.join(tmp, "kernel.c")
-        with open(src, "w") as f:
-            f.write(source)
+        procs, objs = [], []
+        for i, src in enumerate(sources):
+            path = os.path.join(tmp, f"unit{i}.c")
+            with open(path, "w") as f:
+                f.write(src)
+            obj = os.path.join(tmp, f"unit{i}.o")
+            objs.append(obj)
+            procs.append(subprocess.Popen([options.cc, *flags, "-c", path, "-o", obj],
+                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        errors = []
+        for pr in procs:
+            _, err = pr.communicate()
+            if pr.returncode != 0:
+                errors.append(err)
+        if errors:
+            raise CompileError(f"{options.cc} failed:\n{errors[0][-4000:]}")
         out = os.path.join(tmp, "kernel.so")
-        r = subprocess.run([options.cc, *flags, src, "-o", out, "-lm"], capture_output=True, text=True)
+        r = subprocess.run([options.cc, *flags, *objs, "-o", out, "-lm"], capture_output=True, text=True)
         if r.returncode != 0:
-            raise CompileError(f"{options.cc} failed:\n{r.stderr[-4000:]}")
+            raise CompileError(f"{options.cc} (link) failed:\n{r.stderr[-4000:]}")
         with open(out, "rb") as f:
             cache.atomic_write_bytes(so, f.read())
         # keep the source next to the object for inspection
-        cache.atomic_write_bytes(os.path.join(d, f"{k}.c"), source.encode())
+        cache.atomic_write_bytes(os.path.join(d, f"{k}.c"), "".join(sources).encode())
     return so, False
