@@ -209,9 +209,6 @@ class TestVerify:
         with pytest.raises(VerifyError, match="index"):
             verify_program(p)
 
-    @pytest.mark.xfail(strict=True, reason=(
-        "polytile bug: verify_program checks the subscript type of loads but not of stores; "
-        "Store('out0', Const(1.0, 'float32'), ...) is accepted (and renders as out0[1.0f] in C)"))
     def test_non_index_store_subscript(self):
         p = prog([loop("i", 0, N, Store("out0", Const(1.0, F32), ld("in0", _i())))])
         with pytest.raises(VerifyError):

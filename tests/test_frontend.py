@@ -75,11 +75,6 @@ _FRESH = textwrap.dedent("""
 """)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "polytile bug: resolving backend='polytile' through the entry point without importing polytile "
-    "first fails with 'AssertionError: duplicate name: polytile': loading the entry point imports "
-    "polytile/__init__.py, whose _register() registers the backend, and then dynamo's "
-    "lookup_backend registers the loaded function again"))
 def test_entry_point_in_fresh_process(tmp_path):
     env = dict(os.environ, POLYTILE_CACHE_DIR=str(tmp_path / "cache"))
     r = subprocess.run([sys.executable, "-c", _FRESH], capture_output=True, text=True, timeout=300,

@@ -19,7 +19,7 @@ from .transform.pipeline import run_pipeline
 
 
 def compile_graph_ir(graph: Graph, input_specs: list[TensorSpec], options: Options, name: str,
-                     dumper: Dumper | None = None) -> NativeGraph:
+                     dumper: Dumper | None = None, input_labels: list[str] | None = None) -> NativeGraph:
     t0 = time.perf_counter()
     if options.verify:
         verify_graph(graph)
@@ -39,7 +39,8 @@ def compile_graph_ir(graph: Graph, input_specs: list[TensorSpec], options: Optio
     stats.bump("kernels_generated", len(prog.kernels))
     stats.bump("graphs_compiled")
     outs = [TensorSpec(n.shape, contiguous_strides(n.shape), n.dtype) for n in graph.outputs]
-    ng = NativeGraph(so, input_specs, outs, plan.arena_bytes, options.threads, name=name)
+    ng = NativeGraph(so, input_specs, outs, plan.arena_bytes, options.threads, name=name,
+                     input_labels=input_labels)
     ng.memory_plan = plan
     ng.num_kernels = len(prog.kernels)
     stats.bump("compile_seconds", time.perf_counter() - t0)

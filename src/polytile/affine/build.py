@@ -53,6 +53,7 @@ class _Builder:
         self.g = graph
         self.bufs: dict[int, Buffer] = {}
         self.kernels: list[Kernel] = []
+        self._ntemps = 0
         for n in graph.inputs:
             self.bufs[n.id] = Buffer(f"in{n.attr('index')}", n.dtype, n.numel, "input", n.attr("index"))
         for k, n in enumerate(graph.outputs):
@@ -63,8 +64,9 @@ class _Builder:
 
     # -- buffers and reads -----------------------------------------------------------------
     def buf(self, n: Node) -> str:
-        if n.id not in self.bufs:
-            self.bufs[n.id] = Buffer(f"t{n.id}", n.dtype, n.numel, "temp")
+        if n.id not in self.bufs:  # numbered per program, so equal graphs give equal programs
+            self.bufs[n.id] = Buffer(f"t{self._ntemps}", n.dtype, n.numel, "temp")
+            self._ntemps += 1
         return self.bufs[n.id].name
 
     def read(self, n: Node, idx: Sequence[Expr]) -> Expr:
@@ -99,7 +101,9 @@ class _Builder:
         return stmts
 
     def emit(self, n: Node, body: list[Stmt], origin: str | None = None) -> None:
-        self.kernels.append(Kernel(f"k{len(self.kernels)}_{n.op}", tuple(body), origin or repr(n)))
+        # the origin names no node id: equal graphs must give byte-equal sources (cache keys)
+        self.kernels.append(Kernel(f"k{len(self.kernels)}_{n.op}", tuple(body),
+                                   origin or f"{n.op}{list(n.shape)}:{n.dtype}"))
 
     # -- per-kind lowering -------------------------------------------------------------------
     def elementwise(self, n: Node) -> None:
@@ -284,15 +288,45 @@ class _Builder:
 
         self.emit(n, self.loops(n.shape, "i", body, True))
 
-    def _checked_index(self, e: Expr, size: int) -> tuple[list[Stmt], Expr]:
-        """Load of an index: wrap negatives, fail (code 1) when out of range."""
-        iv = Var("ix")
-        stmts: list[Stmt] = [
-            Let("ix", INDEX, Op("cast", (e,), INDEX) if e.dtype != INDEX else e),
-            If(_lt(iv, c(0)), (Assign("ix", add(iv, c(size))),)),
-            If(Op("logical_not", (_in_range(iv, size),), "bool"), (Fail(1), Assign("ix", c(0)))),
-        ]
+    def _checked_index(self, e: Expr, size: int, wrap: bool, name: str = "ix") -> tuple[list[Stmt], Expr]:
+        """Load of an index: wrap negatives (if ``wrap``: Python-style indexing), then fail
+        (code 1) when out of range, reading element 0 instead of out of bounds."""
+        iv = Var(name)
+        stmts: list[Stmt] = [Let(name, INDEX, Op("cast", (e,), INDEX) if e.dtype != INDEX else e)]
+        if wrap:
+            stmts.append(If(_lt(iv, c(0)), (Assign(name, add(iv, c(size))),)))
+        stmts.append(If(Op("logical_not", (_in_range(iv, size),), "bool"), (Fail(1), Assign(name, c(0)))))
         return stmts, iv
+
+    def index_nd(self, n: Node) -> None:
+        """x[i0, i1, ...] on the dims ``dims`` with broadcast index tensors (advanced indexing)."""
+        x, *inds = n.inputs
+        dims = n.attr("dims")
+        from ..graph.ops import broadcast_shapes
+
+        bshape = broadcast_shapes(*(i.shape for i in inds))
+        nb = len(bshape)
+        rest = [d for d in range(len(x.shape)) if d not in dims]
+        consecutive = list(dims) == list(range(dims[0], dims[0] + len(dims)))
+
+        def body(idx):
+            if consecutive:
+                mid = idx[dims[0]:dims[0] + nb]
+                other = list(idx[:dims[0]]) + list(idx[dims[0] + nb:])
+            else:
+                mid, other = idx[:nb], list(idx[nb:])
+            stmts: list[Stmt] = []
+            xi: list = [None] * len(x.shape)
+            for j, (d, ind) in enumerate(zip(dims, inds)):
+                st, iv = self._checked_index(self.read(ind, self.bcast(ind.shape, mid)), x.shape[d],
+                                             n.attr("wrap", False), f"ix{j}")
+                stmts += st
+                xi[d] = iv
+            for d, e in zip(rest, other):
+                xi[d] = e
+            return stmts + [self.store(n, idx, self.read(x, xi))]
+
+        self.emit(n, self.loops(n.shape, "i", body, True))
 
     def gather(self, n: Node) -> None:
         x, ind = n.inputs
@@ -301,7 +335,7 @@ class _Builder:
 
         def body(idx):
             pre, mid, post = idx[:ax], idx[ax:ax + ir], idx[ax + ir:]
-            stmts, iv = self._checked_index(self.read(ind, mid), x.shape[ax])
+            stmts, iv = self._checked_index(self.read(ind, mid), x.shape[ax], n.attr("wrap", False))
             return stmts + [self.store(n, idx, self.read(x, list(pre) + [iv] + list(post)))]
 
         self.emit(n, self.loops(n.shape, "i", body, True))
@@ -311,7 +345,7 @@ class _Builder:
         ax = n.attr("axis")
 
         def body(idx):
-            stmts, iv = self._checked_index(self.read(ind, idx), x.shape[ax])
+            stmts, iv = self._checked_index(self.read(ind, idx), x.shape[ax], False)
             xi = list(idx)
             xi[ax] = iv
             return stmts + [self.store(n, idx, self.read(x, xi))]
@@ -328,7 +362,7 @@ class _Builder:
                 return [self.store(n, oi, self.read(i, idx))]
 
             if i.numel:
-                self.emit(n, self.loops(i.shape, "i", body, True), f"{n!r} part at {off}")
+                self.emit(n, self.loops(i.shape, "i", body, True), f"concat{list(n.shape)} part at {off}")
             off += i.shape[ax]
 
     def pad(self, n: Node) -> None:
@@ -355,6 +389,7 @@ _KIND = {
 _OP = {
     "conv2d": _Builder.conv2d, "pool2d": _Builder.pool2d, "adaptive_avg_pool2d": _Builder.adaptive_avg_pool2d,
     "gather": _Builder.gather, "take_along": _Builder.take_along, "pad": _Builder.pad,
+    "index_nd": _Builder.index_nd,
 }
 
 

@@ -34,6 +34,8 @@ def _verify_body(body, bufs, scalars: dict[str, str], ivs: set[str], where: str,
                 raise VerifyError(f"{where}: store to {'input' if b else 'unknown'} buffer {s.buf}")
             if s.value.dtype != b.dtype:
                 raise VerifyError(f"{where}: store of {s.value.dtype} into {b.dtype} buffer {s.buf}")
+            if s.index.dtype != INDEX:
+                raise VerifyError(f"{where}: store index of type {s.index.dtype}")
         elif isinstance(s, Let):
             if s.value.dtype != s.dtype:
                 raise VerifyError(f"{where}: let {s.name}: {s.dtype} = {s.value.dtype}")

@@ -32,10 +32,10 @@ def var(b: GraphBuilder, x: Node, axes, correction: float = 1.0, keepdim=False) 
 
 
 def softmax(b: GraphBuilder, x: Node, axis: int, log: bool = False) -> Node:
-    if x.numel == 0 or not x.shape:
-        return b.ew("sub", x, x) if log else b.ew("div", x, x)
+    if x.numel == 0:
+        return x
     m = b.reduce("reduce_max", x, [axis], True)
-    # an all -inf row: subtract 0 instead of -inf (PyTorch gives NaN for softmax of all -inf too)
+    # an all -inf row gives NaN (inf - inf), as in PyTorch
     z = b.ew("sub", x, m)
     e = b.ew("exp", z)
     s = b.reduce("reduce_sum", e, [axis], True)
@@ -81,6 +81,18 @@ def gelu(b: GraphBuilder, x: Node, approximate: str = "none") -> Node:
                      math.sqrt(2 / math.pi))
         return b.ew("mul", b.ew("mul", x, 0.5), b.ew("add", b.ew("tanh", inner), 1.0))
     return b.ew("mul", b.ew("mul", x, 0.5), b.ew("add", b.ew("erf", b.ew("mul", x, 1 / math.sqrt(2))), 1.0))
+
+
+def floordiv(b: GraphBuilder, x: Node, y: Node) -> Node:
+    """Floor division of floats as PyTorch does it (c10::div_floor_floating): from fmod, so that
+    e.g. 1.0 // 0.1 is 9 (like Python), not floor(1.0 / 0.1) = 10. x and y of one float dtype."""
+    mod = b.ew("fmod", x, y)
+    div = b.ew("div", b.ew("sub", x, mod), y)
+    wrong_sign = b.ew("logical_and", b.ew("ne", mod, 0.0), b.ew("ne", b.ew("lt", y, 0.0), b.ew("lt", mod, 0.0)))
+    div = b.where(wrong_sign, b.ew("sub", div, 1.0), div)
+    q = b.ew("floor", div)
+    q = b.where(b.ew("gt", b.ew("sub", div, q), 0.5), b.ew("add", q, 1.0), q)
+    return b.where(b.ew("eq", y, 0.0), b.ew("div", x, y), q)  # x / 0: inf or nan, as in PyTorch
 
 
 def clamp(b: GraphBuilder, x: Node, lo=None, hi=None) -> Node:

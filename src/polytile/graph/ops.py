@@ -104,6 +104,18 @@ def _gather_shape(ins, a):
     return tuple(x[:ax]) + tuple(idx) + tuple(x[ax + 1:])
 
 
+def _index_nd_shape(ins, a):
+    x, inds = ins[0].shape, ins[1:]
+    dims = list(a["dims"])
+    if len(dims) != len(inds) or sorted(set(dims)) != dims:
+        raise Unsupported("index_nd: one index tensor per indexed dim, dims sorted")
+    b = broadcast_shapes(*(i.shape for i in inds))
+    rest = [x[d] for d in range(len(x)) if d not in dims]
+    if dims == list(range(dims[0], dims[0] + len(dims))):  # adjacent: result dims go in their place
+        return tuple(x[:dims[0]]) + b + tuple(x[dims[-1] + 1:])
+    return b + tuple(rest)
+
+
 def _concat_shape(ins, a):
     ax = a["axis"]
     base = list(ins[0].shape)
@@ -158,6 +170,7 @@ _def("adaptive_avg_pool2d", "window", 1, _adaptive_shape, _first_dtype)
 _def("view", "view", 1, _attr_shape, _first_dtype)
 _def("gather", "index", 2, _gather_shape, _first_dtype)
 _def("take_along", "index", 2, lambda ins, a: tuple(ins[1].shape), _first_dtype)
+_def("index_nd", "index", None, _index_nd_shape, _first_dtype)
 _def("concat", "concat", None, _concat_shape, _first_dtype)
 _def("pad", "index", 1, _pad_shape, _first_dtype)
 _def("full", "generator", 0, _attr_shape, _attr_dtype)

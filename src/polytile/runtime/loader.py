@@ -39,7 +39,8 @@ class NativeGraph:
     """A compiled graph: ``graph(*tensors) -> list of output tensors``."""
 
     def __init__(self, so_path: str, inputs: list[TensorSpec], outputs: list[TensorSpec],
-                 arena_bytes: int, threads: int, entry: str = "pt_entry", name: str = "graph"):
+                 arena_bytes: int, threads: int, entry: str = "pt_entry", name: str = "graph",
+                 input_labels: list[str] | None = None):
         self.so_path = so_path
         self._lib = ctypes.CDLL(so_path)
         fn = getattr(self._lib, entry)
@@ -53,6 +54,7 @@ class NativeGraph:
         self.arena: torch.Tensor | None = None  # allocated on the first call (compile may run under fake mode)
         self.threads = threads
         self.name = name
+        self.input_labels = input_labels or [f"input {k}" for k in range(len(inputs))]
         self._nargs = len(inputs) + len(outputs) + 1
         self._argv_type = ctypes.c_void_p * self._nargs
         self._expect = [(dt, s.shape, s.strides) for dt, s in zip(self._in_dtypes, inputs)]
@@ -62,14 +64,14 @@ class NativeGraph:
     def check(self, args) -> None:
         if len(args) != len(self.inputs):
             raise InputMismatchError(f"polytile {self.name}: expected {len(self.inputs)} inputs, got {len(args)}")
-        for k, (t, spec, dt) in enumerate(zip(args, self.inputs, self._in_dtypes)):
+        for label, t, spec, dt in zip(self.input_labels, args, self.inputs, self._in_dtypes):
             if not isinstance(t, torch.Tensor):
-                raise InputMismatchError(f"polytile {self.name}: input {k} is {type(t).__name__}, not a tensor")
+                raise InputMismatchError(f"polytile {self.name}: {label} is {type(t).__name__}, not a tensor")
             if t.device.type != "cpu":
-                raise InputMismatchError(f"polytile {self.name}: input {k} is on {t.device}; compiled for cpu")
+                raise InputMismatchError(f"polytile {self.name}: {label} is on {t.device}; compiled for cpu")
             if t.dtype != dt or tuple(t.shape) != spec.shape or not _same_strides(t, spec):
                 raise InputMismatchError(
-                    f"polytile {self.name}: input {k} is {str(t.dtype).replace('torch.', '')}{list(t.shape)} "
+                    f"polytile {self.name}: {label} is {str(t.dtype).replace('torch.', '')}{list(t.shape)} "
                     f"strides {list(t.stride())}; compiled for {spec.describe()}")
 
     def _fast_ok(self, args) -> bool:
@@ -78,7 +80,7 @@ class NativeGraph:
             return False
         for t, (dt, shape, strides) in zip(args, self._expect):
             if not isinstance(t, torch.Tensor) or t.dtype != dt or t.shape != shape or t.stride() != strides \
-                    or t.is_cuda:
+                    or t.device.type != "cpu":
                 return False
         return True
 

@@ -84,8 +84,11 @@ def polytile_backend(gm: torch.fx.GraphModule, example_inputs, options=None):
 def register() -> None:
     """Make ``backend="polytile"`` known to dynamo (the entry point does the same lazily)."""
     try:
-        from torch._dynamo.backends.registry import _COMPILER_FNS, register_backend
+        from torch._dynamo.backends.registry import _BACKENDS, _COMPILER_FNS, register_backend
     except ImportError:  # pragma: no cover
         return
-    if "polytile" not in _COMPILER_FNS:
-        register_backend(name="polytile")(polytile_backend)
+    if "polytile" in _COMPILER_FNS:
+        return
+    if _BACKENDS.get("polytile") is not None:
+        return  # dynamo found the entry point and is loading it (it registers the function itself)
+    register_backend(name="polytile")(polytile_backend)

@@ -79,6 +79,19 @@ def _fallback_reason(node) -> str:
     return str(node.target)
 
 
+_warned: set = set()
+
+
+def _warn_once(target, err) -> None:
+    """One warning per op (and reason) per process; details at debug level after that."""
+    msg = f"polytile: {target} runs in ATen ({err or 'no lowering rule'})"
+    if (target, err) in _warned:
+        log.debug(msg)
+        return
+    _warned.add((target, err))
+    log.warning(msg)
+
+
 def compile_aten_graph(gm: fx.GraphModule, example_inputs, options: Options):
     """Compile an ATen FX graph; returns ``f(*args) -> list`` of its outputs."""
     ensure_loaded()
@@ -135,8 +148,7 @@ def compile_aten_graph(gm: fx.GraphModule, example_inputs, options: Options):
             except Unsupported as e:
                 err = str(e)
             except Exception as e:  # a bug in a rule must not crash the user's program
-                err = f"{type(e).__name__}: {e}"
-                log.warning("polytile: lowering %s failed (%s); running it in ATen", node.target, err)
+                err = f"lowering rule failed: {type(e).__name__}: {e}"
             for added in cur.inputs[mark:]:  # undo the inputs this attempt created
                 del cur.env[added]
             del cur.inputs[mark:], cur.specs[mark:]
@@ -149,7 +161,7 @@ def compile_aten_graph(gm: fx.GraphModule, example_inputs, options: Options):
             raise Unsupported(f"polytile: no lowering for {node.target}" + (f" ({err})" if err else ""))
         if node.op == "call_function" and node.target is not operator.getitem:
             stats.fell_back(_fallback_reason(node))
-            log.info("polytile: %s runs in ATen%s", node.target, f" ({err})" if err else " (no lowering rule)")
+            _warn_once(node.target, err)
         if cur.nodes:
             steps.append(cur)
             cur = Segment()
@@ -172,7 +184,7 @@ def compile_aten_graph(gm: fx.GraphModule, example_inputs, options: Options):
         if not st.out_nodes:  # nothing it computes is used
             continue
         try:
-            _finish_segment(st, options, f"{name}_s{k}" if len(steps) > 1 else name, dumper)
+            _finish_segment(st, options, f"{name}_s{k}" if len(steps) > 1 else name, dumper, placeholders)
             stats.bump("ops_compiled", sum(1 for n in st.nodes if n.target is not operator.getitem))
             final.append(st)
         except Exception as e:
@@ -187,7 +199,7 @@ def compile_aten_graph(gm: fx.GraphModule, example_inputs, options: Options):
     return _make_runner(gm, pre + final, placeholders, out_node)
 
 
-def _finish_segment(seg: Segment, options: Options, name: str, dumper) -> None:
+def _finish_segment(seg: Segment, options: Options, name: str, dumper, placeholders) -> None:
     b = seg.b
     uniq: dict[int, int] = {}
     outputs: list[Node] = []
@@ -206,7 +218,15 @@ def _finish_segment(seg: Segment, options: Options, name: str, dumper) -> None:
 
     seg.out_map = [export(seg.env[n]) for n in seg.out_nodes]
     graph = b.graph(outputs)
-    seg.native = compile_graph_ir(graph, seg.specs, options, name, dumper)
+    labels = [f"input {placeholders.index(i)} ({i.name})" if i in placeholders else f"value {i.name}"
+              for i in seg.inputs]
+    seg.native = compile_graph_ir(graph, seg.specs, options, name, dumper, labels)
+
+
+def _arg_count_error(n, args):
+    from ...runtime.loader import InputMismatchError
+
+    raise InputMismatchError(f"polytile: the compiled graph takes {n} inputs, got {len(args)}")
 
 
 def _make_runner(gm, steps, placeholders, out_node):
@@ -224,6 +244,7 @@ def _make_runner(gm, steps, placeholders, out_node):
         return tuple(unpack(outs, x) for x in v) if kind == "tuple" else v
 
     segs = [s for s in steps if isinstance(s, Segment)]
+    nargs = len(placeholders)
     outs_spec = out_node.args[0]
     if len(steps) == 1 and len(segs) == 1 and all(
             isinstance(i, fx.Node) and i.op == "placeholder" for i in segs[0].inputs) and all(
@@ -236,6 +257,8 @@ def _make_runner(gm, steps, placeholders, out_node):
             native = seg.native
 
             def run_one(*args):
+                if len(args) != nargs:
+                    _arg_count_error(nargs, args)
                 outs = native(*[args[k] for k in in_pos])
                 return [outs[m] for m in out_maps]
 
@@ -243,6 +266,8 @@ def _make_runner(gm, steps, placeholders, out_node):
             return run_one
 
     def run(*args):
+        if len(args) != nargs:
+            _arg_count_error(nargs, args)
         env = dict(zip(placeholders, args))
         for st in steps:
             if isinstance(st, Segment):

@@ -22,7 +22,7 @@ _UNARY = {
 }
 _BINARY = {
     aten.mul: "mul", aten.div: "div", aten.maximum: "maximum", aten.minimum: "minimum",
-    aten.remainder: "remainder", aten.fmod: "fmod", aten.atan2: "atan2", aten.floor_divide: "floordiv",
+    aten.remainder: "remainder", aten.fmod: "fmod", aten.atan2: "atan2",
     aten.bitwise_and: "bitwise_and", aten.bitwise_or: "bitwise_or", aten.bitwise_xor: "bitwise_xor",
 }
 _COMPARE = {aten.eq: "eq", aten.ne: "ne", aten.lt: "lt", aten.le: "le", aten.gt: "gt", aten.ge: "ge"}
@@ -48,7 +48,7 @@ for _p, _fn in _BINARY.items():
 for _p, _fn in _COMPARE.items():
     @lowers(*_overloads(_p, ["Tensor", "Scalar"]))
     def _compare(ctx, a, c, _fn=_fn):
-        return ctx.b.ew(_fn, a, c, dtype=ctx.b.result_dtype(a, c))
+        return ctx.b.ew(_fn, a, c, dtype=ctx.arg_dtype(0, 1))
 
 for _p, _fn in _LOGICAL.items():
     @lowers(_p.default)
@@ -71,10 +71,23 @@ def isinf(ctx, x):
     return ctx.b.node("isinf", [x])
 
 
+def _floordiv(ctx, a, c):
+    dt = ctx.out_dtype
+    if dt.startswith("float"):
+        return compose.floordiv(ctx.b, ctx.b.scalar_or(a, dt), ctx.b.scalar_or(c, dt))
+    return ctx.b.ew("floordiv", a, c, dtype=dt)
+
+
 @lowers(aten.div.Tensor_mode, aten.div.Scalar_mode)
 def div_mode(ctx, a, c, rounding_mode=None):
-    op = {None: "div", "trunc": "truncdiv", "floor": "floordiv"}[rounding_mode]
-    return ctx.b.ew(op, a, c, dtype=ctx.out_dtype)
+    if rounding_mode == "floor":
+        return _floordiv(ctx, a, c)
+    return ctx.b.ew({None: "div", "trunc": "truncdiv"}[rounding_mode], a, c, dtype=ctx.out_dtype)
+
+
+@lowers(aten.floor_divide.default, aten.floor_divide.Scalar)
+def floor_divide(ctx, a, c):
+    return _floordiv(ctx, a, c)
 
 
 @lowers(aten.add.Tensor, aten.add.Scalar, aten.sub.Tensor, aten.sub.Scalar)
@@ -121,20 +134,26 @@ def round_decimals(ctx, x, decimals=0):
     return ctx.b.ew("div", ctx.b.ew("round", ctx.b.ew("mul", x, s)), s)
 
 
+def _clamp(ctx, x, lo, hi):
+    """Bounds and input in the result dtype (a 0-d float64 bound does not widen a float32 x)."""
+    b, dt = ctx.b, ctx.out_dtype
+    return compose.clamp(b, b.cast(x, dt), None if lo is None else b.scalar_or(lo, dt),
+                         None if hi is None else b.scalar_or(hi, dt))
+
+
 @lowers(aten.clamp.default, aten.clamp.Tensor)
 def clamp(ctx, x, min=None, max=None):
-    dt = ctx.out_dtype
-    return compose.clamp(ctx.b, ctx.b.cast(x, dt), min, max)
+    return _clamp(ctx, x, min, max)
 
 
 @lowers(aten.clamp_min.default, aten.clamp_min.Tensor)
 def clamp_min(ctx, x, lo):
-    return compose.clamp(ctx.b, ctx.b.cast(x, ctx.out_dtype), lo, None)
+    return _clamp(ctx, x, lo, None)
 
 
 @lowers(aten.clamp_max.default, aten.clamp_max.Tensor)
 def clamp_max(ctx, x, hi):
-    return compose.clamp(ctx.b, ctx.b.cast(x, ctx.out_dtype), None, hi)
+    return _clamp(ctx, x, None, hi)
 
 
 @lowers(aten.hardtanh.default)

@@ -63,7 +63,18 @@ def squeeze(ctx, x, dim=None):
 
 @lowers(aten.as_strided.default)
 def as_strided(ctx, x, size, stride, storage_offset=None):
-    return ctx.b.as_strided(x, list(size), list(stride), storage_offset or 0)
+    """``storage_offset`` counts from the start of x's storage, but the graph holds that storage
+    only from its IR base on: x starts ``off_in_base`` into the base and ``val.storage_offset()``
+    into the storage. A view reaching outside the base cannot be compiled."""
+    val = ctx.node.args[0].meta.get("val")
+    if val is None:
+        raise Unsupported("as_strided: no example value for its input")
+    base, _, _, off_in_base = ctx.b.strided(x)
+    start = (storage_offset or 0) - val.storage_offset() + off_in_base
+    last = start + sum((n - 1) * st for n, st in zip(size, stride)) if all(size) else start
+    if start < 0 or last >= max(base.numel, 1) or any(st < 0 for st in stride):
+        raise Unsupported("as_strided reaching outside the storage the graph sees")
+    return ctx.b.as_strided(x, list(size), list(stride), start)
 
 
 @lowers(aten.split.Tensor)
@@ -110,6 +121,8 @@ def constant_pad_nd(ctx, x, pad, value=0):
 
 @lowers(aten.index_select.default)
 def index_select(ctx, x, dim, index):
+    if not index.shape:  # a 0-d index keeps the dim (size 1)
+        index = ctx.b.reshape(index, [1])
     return ctx.b.node("gather", [x, index], axis=dim % max(len(x.shape), 1))
 
 

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+import torch
+import torch.fx as fx
+
 from ...dtypes import Unsupported, from_torch
 from ...graph.builder import GraphBuilder
 
@@ -44,6 +47,19 @@ class Ctx:
         if isinstance(v, (tuple, list)):
             v = v[0]
         return from_torch(v.dtype)
+
+    def arg_dtype(self, *positions: int) -> str:
+        """PyTorch's promoted dtype of the node's arguments at ``positions`` (``torch.result_type``:
+        a 0-d tensor or a Python scalar only decides the category, not the width)."""
+        vals = []
+        for p in positions:
+            a = self.node.args[p]
+            vals.append(a.meta.get("val") if isinstance(a, fx.Node) else a)
+            if vals[-1] is None:
+                raise Unsupported(f"{self.node.target}: no example value for argument {p}")
+        if len(vals) == 1:
+            return from_torch(vals[0].dtype)
+        return from_torch(torch.result_type(*vals))
 
     @property
     def out_shape(self) -> tuple[int, ...]:

@@ -1,0 +1,1 @@
+"""Benchmark and coverage suites (model zoo, side-by-side timing, reports)."""
