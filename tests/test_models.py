@@ -263,10 +263,6 @@ def test_bert_small_accuracy(bert_run):
     assert st["graphs_compiled"] >= 1 and st["ops_compiled"] > 0, st
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "polytile bug/gap: aten.index.Tensor with two broadcast index tensors (x[i, j], made by "
-    "transformers' padding-mask code) has no lowering (lower_shape.index accepts exactly one "
-    "index tensor) and falls back to ATen"))
 def test_bert_small_no_fallback(bert_run):
     *_, st = bert_run
     _assert_compiled_without_fallback(st)

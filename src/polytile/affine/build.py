@@ -237,8 +237,9 @@ class _Builder:
                 a = Var("acc", dt)
                 if mode == "max":
                     upd = [Assign("acc", _o("maximum", a, v))]
-                elif mode == "argmax":
+                elif mode == "argmax":  # the first in-bounds element always counts (as in PyTorch)
                     better = Op("logical_or", (Op("gt", (v, a), "bool"), Op("isnan", (v,), "bool")), "bool")
+                    better = Op("logical_or", (_lt(Var("arg"), c(0)), better), "bool")
                     upd = [If(better, (Assign("acc", v), Assign("arg", add(mul(ih, c(W)), iw))))]
                 else:
                     upd = [Assign("acc", _o("add", a, v)), Assign("cnt", add(Var("cnt"), c(1)))]
@@ -247,7 +248,7 @@ class _Builder:
             init = 0 if mode == "avg" else _lowest(dt)
             stmts: list[Stmt] = [Let("acc", dt, Const(init, dt))]
             if mode == "argmax":
-                stmts.append(Let("arg", INDEX, c(0)))
+                stmts.append(Let("arg", INDEX, c(-1)))
             if mode == "avg":
                 stmts.append(Let("cnt", INDEX, c(0)))
             stmts += self.loops([kh, kw], "r", inner, False)

@@ -138,12 +138,15 @@ def gather(ctx, x, dim, index, sparse_grad=False):
 
 @lowers(aten.index.Tensor)
 def index(ctx, x, indices):
-    """x[..., idx, ...] with exactly one index tensor (others None)."""
+    """x[..., i0, ..., i1, ...]: advanced indexing with integer index tensors (None: a full dim).
+    Negative indices count from the end, as in Python (index_select / embedding raise instead)."""
     given = [(k, i) for k, i in enumerate(indices) if i is not None]
-    if len(given) != 1 or not isinstance(given[0][1], Node) or given[0][1].dtype == "bool":
-        raise Unsupported("aten.index with more than one (or a boolean) index tensor")
-    k, idx = given[0]
-    return ctx.b.node("gather", [x, idx], axis=k)
+    if not given or any(not isinstance(i, Node) or i.dtype in ("bool", "uint8") for _, i in given):
+        raise Unsupported("aten.index with a boolean (mask) index")
+    if len(given) == 1:
+        k, idx = given[0]
+        return ctx.b.node("gather", [x, idx], axis=k, wrap=True)
+    return ctx.b.node("index_nd", [x] + [i for _, i in given], dims=tuple(k for k, _ in given), wrap=True)
 
 
 @lowers(aten.repeat.default)
