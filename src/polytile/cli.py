@@ -13,11 +13,51 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--rounds", type=int, default=10)
     d.add_argument("--seq", type=int, default=128)
     d.add_argument("--no-inductor", action="store_true", help="skip torch.compile's default backend")
+    b = sub.add_parser("bench", help="benchmark suites").add_subparsers(dest="what", required=True)
+    m = b.add_parser("models", help="the model suite of shared/bench/models.csv: coverage, accuracy, speed")
+    m.add_argument("--suite", choices=["timm", "huggingface", "all"], default="all")
+    m.add_argument("--only", action="append", default=[], metavar="NAME", help="run only this model (repeatable)")
+    m.add_argument("--batch", type=int, default=None, help="override the batch size of every model")
+    m.add_argument("--threads", type=int, default=2)
+    m.add_argument("--rounds", type=int, default=10, help="timed calls per system (fewer for slow models)")
+    m.add_argument("--budget", type=float, default=60.0, help="seconds of timing per model, at most")
+    m.add_argument("--no-inductor", action="store_true")
+    m.add_argument("--models-csv", default=None, help="default: ../shared/bench/models.csv")
+    m.add_argument("--out", default="bench-out", help="folder for report.md, results.json, speedup.png")
     a = ap.parse_args(argv)
+    if a.cmd == "bench":
+        return _bench_models(a, argv)
     if a.cmd == "demo":
         from .demo import run_demo
 
         print(run_demo(threads=a.threads, rounds=a.rounds, seq=a.seq, inductor=not a.no_inductor))
+    return 0
+
+
+def _bench_models(a, argv) -> int:
+    from .bench import report, suite, zoo
+
+    csv_path = a.models_csv or zoo.default_models_csv()
+    if not csv_path:
+        print("polytile: cannot find shared/bench/models.csv; pass --models-csv", file=sys.stderr)
+        return 2
+    specs = [s for s in zoo.read_models(csv_path) if a.suite in ("all", s.suite) and (not a.only or s.name in a.only)]
+    if not specs:
+        print("polytile: no model matches", file=sys.stderr)
+        return 2
+    command = "polytile " + " ".join(argv if argv is not None else sys.argv[1:])
+    env = suite.environment()
+    env["threads"] = a.threads
+
+    def save(results):  # rewrite the report after every model: a long run leaves partial results
+        report.write_report(results, env, a.out, command)
+
+    results = suite.run_suite(specs, batch=a.batch, threads=a.threads, rounds=a.rounds, time_budget_s=a.budget,
+                              inductor=not a.no_inductor, on_result=save)
+    paths = report.write_report(results, env, a.out, command)
+    print(report.summary(results))
+    for k, v in paths.items():
+        print(f"{k}: {v}")
     return 0
 
 

@@ -1,0 +1,160 @@
+"""The model suite: per model, eager vs polytile (accuracy, fallbacks, compile time) and
+eager / Inductor / polytile timed side by side. A failing model is recorded and the run goes on."""
+from __future__ import annotations
+
+import gc
+import platform
+import time
+import traceback
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+
+from ..accuracy import check_accuracy, fp64_reference
+from ..benchmarking import time_side_by_side
+from . import zoo
+
+TOL = 1e-3  # DESIGN.md: HF/TIMM inference in fp32
+
+
+@dataclass
+class ModelResult:
+    suite: str
+    name: str
+    batch: int
+    status: str = "not run"  # pass | fail_accuracy | fail_compile | fail_eager | fallback
+    accuracy: str = ""
+    eager_ms: float | None = None
+    inductor_ms: float | None = None
+    polytile_ms: float | None = None
+    compile_s: float | None = None
+    fallbacks: dict = field(default_factory=dict)
+    kernels: int = 0
+    rounds: int = 0
+    error: str = ""
+
+    @property
+    def speedup_eager(self) -> float | None:
+        return self.eager_ms / self.polytile_ms if self.eager_ms and self.polytile_ms else None
+
+    @property
+    def speedup_inductor(self) -> float | None:
+        return self.inductor_ms / self.polytile_ms if self.inductor_ms and self.polytile_ms else None
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["speedup_eager"], d["speedup_inductor"] = self.speedup_eager, self.speedup_inductor
+        return d
+
+
+def _short(e: BaseException) -> str:
+    msg = f"{type(e).__name__}: {e}".strip().splitlines()
+    return " ".join(msg[:3])[:400]
+
+
+def run_model(spec: zoo.ModelSpec, *, batch: int | None = None, threads: int = 2, rounds: int = 10,
+              time_budget_s: float = 60.0, inductor: bool = True) -> ModelResult:
+    import polytile
+
+    res = ModelResult(spec.suite, spec.name, batch or spec.batch)
+    torch._dynamo.reset()
+    polytile.reset_stats()
+    try:
+        w = zoo.build(spec, batch)
+    except Exception as e:
+        res.status, res.error = "fail_eager", "building the model: " + _short(e)
+        return res
+    with torch.no_grad():
+        try:
+            t0 = time.perf_counter()
+            ref = w()
+            eager_once = time.perf_counter() - t0
+        except Exception as e:
+            res.status, res.error = "fail_eager", _short(e)
+            return res
+        try:
+            compiled = torch.compile(w.model, backend="polytile", options={"threads": threads})
+            t0 = time.perf_counter()
+            out = w(compiled)
+            res.compile_s = time.perf_counter() - t0
+        except Exception as e:
+            res.status, res.error = "fail_compile", _short(e)
+            res.fallbacks = polytile.stats()["ops_fallen_back"]
+            return res
+        st = polytile.stats()
+        res.fallbacks, res.kernels = st["ops_fallen_back"], st["kernels_generated"]
+        ok, details = check_accuracy(out, ref, lambda: fp64_reference(w.model, w.kwargs or w.args), TOL)
+        res.accuracy = "pass" if ok else "FAIL: " + "; ".join(details)[:400]
+        fns = {"eager": lambda: w(), "polytile": lambda: w(compiled)}
+        if inductor:
+            try:
+                ind = torch.compile(w.model)
+                w(ind)
+                fns["inductor"] = lambda: w(ind)
+            except Exception as e:
+                res.error = "inductor failed: " + _short(e)
+        per_round = eager_once * len(fns) * 1.5
+        r = max(1, min(rounds, int(time_budget_s / max(per_round, 1e-6))))
+        t = time_side_by_side(fns, warmup=1 if r < rounds else 2, rounds=r)
+        res.rounds = r
+        res.eager_ms, res.polytile_ms = t["eager"] * 1e3, t["polytile"] * 1e3
+        res.inductor_ms = t["inductor"] * 1e3 if "inductor" in t else None
+    res.status = "pass" if ok and not res.fallbacks else ("fail_accuracy" if not ok else "fallback")
+    del w
+    gc.collect()
+    return res
+
+
+def environment() -> dict[str, Any]:
+    import polytile
+
+    env = {"polytile": polytile.__version__, "torch": torch.__version__, "python": platform.python_version(),
+           "machine": platform.machine(), "threads": torch.get_num_threads()}
+    try:
+        with open("/proc/cpuinfo") as f:
+            env["cpu"] = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
+    except OSError:
+        pass
+    try:
+        import timm
+        import transformers
+
+        env["timm"], env["transformers"] = timm.__version__, transformers.__version__
+    except ImportError:
+        pass
+    from ..runtime.cc import compiler_version
+    from ..options import Options
+
+    env["cc"] = compiler_version(Options().cc).splitlines()[0]
+    return env
+
+
+def run_suite(specs: list[zoo.ModelSpec], *, batch: int | None = None, threads: int = 2, rounds: int = 10,
+              time_budget_s: float = 60.0, inductor: bool = True, progress: bool = True,
+              on_result=None) -> list[ModelResult]:
+    torch.set_num_threads(threads)
+    try:
+        from tqdm import tqdm
+    except ImportError:  # pragma: no cover
+        tqdm = None
+    bar = tqdm(total=len(specs), unit="model") if (progress and tqdm) else None
+    results = []
+    for spec in specs:
+        if bar:
+            bar.set_description(spec.name)
+        try:
+            r = run_model(spec, batch=batch, threads=threads, rounds=rounds, time_budget_s=time_budget_s,
+                          inductor=inductor)
+        except Exception as e:  # never stop the suite
+            r = ModelResult(spec.suite, spec.name, batch or spec.batch, status="fail_compile",
+                            error=_short(e) + " | " + traceback.format_exc(limit=2).replace("\n", " ")[-200:])
+        results.append(r)
+        if on_result:
+            on_result(results)
+        if bar:
+            bar.update(1)
+            bar.set_postfix(status=r.status)
+    if bar:
+        bar.close()
+    return results
