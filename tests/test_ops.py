@@ -594,6 +594,9 @@ case("mlp-block", lambda x, w1, b1, w2: F.linear(F.gelu(F.linear(x, w1, b1)), w2
      lambda: (randn(2, 7, 13), randn(20, 13), randn(20), randn(13, 20)))
 case("attention-by-hand", lambda q, k, v: torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(8), -1) @ v,
      lambda: (randn(2, 7, 8), randn(2, 7, 8), randn(2, 7, 8)))
+case("cumsum", lambda x, i, m: dict(f_last=torch.cumsum(x, -1), f_first=torch.cumsum(x, 0), int_ids=torch.cumsum(i, 1),
+                                    bool_mask=torch.cumsum(m, 1), one_d=torch.cumsum(x[0], 0)),
+     lambda: (randn(7, 13), ints(0, 3, 2, 9), bools(3, 5)))
 case("masked-mean", lambda x, m: (x * m).sum(1) / m.sum(1).clamp(min=1), lambda: (randn(7, 13), bools(7, 13).float()))
 case("cross_entropy", lambda x, t: F.cross_entropy(x, t), lambda: (randn(7, 13), ints(0, 13, 7)))
 case("normalize", lambda x: F.normalize(x, dim=1), lambda: (randn(7, 13),))

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import torch
 
+from ...dtypes import Unsupported
 from ...graph import compose
 from .registry import lowers
 
@@ -115,3 +116,24 @@ def logsumexp(ctx, x, dim, keepdim=False):
     s = b.reduce("reduce_sum", b.ew("exp", b.ew("sub", x, m)), _dims(dim), True)
     r = b.ew("add", b.ew("log", s), m)
     return r if keepdim else b.squeeze(r, _dims(dim))
+
+
+@lowers(aten.cumsum.default)
+def cumsum(ctx, x, dim, dtype=None):
+    """An inclusive scan as a contraction with a triangular 0/1 matrix (quadratic work, so only
+    for dims up to 4096: position ids and masks, not long sequences)."""
+    b = ctx.b
+    dt = ctx.out_dtype
+    if not x.shape:
+        return b.cast(x, dt)
+    dim %= len(x.shape)
+    n = x.shape[dim]
+    if n > 4096:
+        raise Unsupported(f"cumsum over {n} elements")
+    rows = b.reshape(b.iota(n, "int64"), [n, 1])
+    cols = b.reshape(b.iota(n, "int64"), [1, n])
+    tri = b.cast(b.ew("le", rows, cols), dt)  # tri[j, i] = 1 if j <= i
+    if len(x.shape) == 1:
+        return b.squeeze(b.matmul(b.unsqueeze(b.cast(x, dt), 0), tri), [0])
+    xt = b.transpose(b.cast(x, dt), dim, -1)
+    return b.transpose(b.matmul(xt, tri), dim, -1)
