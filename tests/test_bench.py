@@ -1,0 +1,47 @@
+"""The model suite harness: the zoo reads models.csv, run_model checks and times a real model,
+the report writes a table, a chart and raw results."""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from polytile.bench import report, suite, zoo
+
+CSV = zoo.default_models_csv()
+
+
+def test_models_csv_is_read():
+    if CSV is None:
+        pytest.skip("shared/bench/models.csv is not next to this checkout")
+    specs = zoo.read_models(CSV)
+    assert len(specs) >= 30
+    assert {s.suite for s in specs} == {"timm", "huggingface"}
+    assert all(s.batch >= 1 for s in specs)
+
+
+def test_report_files(tmp_path):
+    rs = [suite.ModelResult("timm", "a", 1, status="pass", accuracy="pass", eager_ms=10.0, inductor_ms=8.0,
+                            polytile_ms=5.0, compile_s=1.0, rounds=3),
+          suite.ModelResult("huggingface", "b", 1, status="fallback", accuracy="pass", eager_ms=10.0,
+                            polytile_ms=20.0, fallbacks={"aten.flip.default": 1}, rounds=3),
+          suite.ModelResult("timm", "c", 1, status="fail_compile", error="Boom: broken")]
+    paths = report.write_report(rs, {"torch": "x"}, str(tmp_path), "polytile bench models")
+    md = open(paths["markdown"]).read()
+    assert "pass rate 1/3" in md and "2.00x vs eager" in md and "1.60x vs Inductor" in md
+    assert "flip.default x1" in md and "Boom: broken" in md  # every failure has its cause
+    data = json.load(open(paths["json"]))
+    assert [r["name"] for r in data["results"]] == ["a", "b", "c"]
+    assert os.path.getsize(paths["chart"]) > 1000
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["lcnet_050", "DistilBertForMaskedLM"])
+def test_suite_on_small_models(name):
+    if CSV is None:
+        pytest.skip("shared/bench/models.csv is not next to this checkout")
+    spec = next(s for s in zoo.read_models(CSV) if s.name == name)
+    r = suite.run_model(spec, batch=1, threads=2, rounds=2, time_budget_s=10, inductor=False)
+    assert r.status == "pass", (r.status, r.accuracy, r.error, r.fallbacks)
+    assert r.eager_ms > 0 and r.polytile_ms > 0 and r.compile_s > 0 and r.kernels > 0
