@@ -16,15 +16,6 @@ from polytile.options import Options
 VALID_OPTIONS = ("dump_dir", "cache_dir", "threads", "cc", "cflags", "fallback", "verify", "parallel_min_work")
 
 
-@pytest.fixture(autouse=True)
-def _fresh_state():
-    torch.manual_seed(0)
-    torch._dynamo.reset()
-    polytile.reset_stats()
-    yield
-    torch._dynamo.reset()
-
-
 def _chain_of_causes(e: BaseException):
     seen = []
     while e is not None and e not in seen:

@@ -19,15 +19,6 @@ from accuracy import assert_accurate, check_accuracy, fp64_reference
 TOL = 1e-3
 
 
-@pytest.fixture(autouse=True)
-def _fresh_state():
-    torch.manual_seed(0)
-    torch._dynamo.reset()
-    polytile.reset_stats()
-    yield
-    torch._dynamo.reset()
-
-
 def _run(model, args=(), kwargs=None, options=None):
     """Compile ``model``, run compiled and eager once under no_grad; returns (out, ref, stats)."""
     kwargs = kwargs or {}

@@ -15,15 +15,6 @@ from polytile.runtime.cache import UnsafeCacheDir
 from polytile.runtime.loader import InputMismatchError, KernelRuntimeError
 
 
-@pytest.fixture(autouse=True)
-def _fresh_state():
-    torch.manual_seed(0)
-    torch._dynamo.reset()
-    polytile.reset_stats()
-    yield
-    torch._dynamo.reset()
-
-
 def compile_fn(fn, *example, **options):
     """make_fx ``fn`` to an ATen graph and compile it with ``polytile.compile_graph``."""
     gm = make_fx(fn)(*example)
