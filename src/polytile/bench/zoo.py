@@ -80,6 +80,8 @@ def _hf(spec: ModelSpec, batch: int, gen: torch.Generator) -> Workload:
         config = cls.config_class()
     if spec.name.endswith("ForCausalLM") and hasattr(config, "is_decoder"):
         config.is_decoder = True
+    if hasattr(config, "use_cache"):
+        config.use_cache = False  # inference without a KV cache object among the outputs
     model = cls(config).eval()
     vocab = getattr(config, "vocab_size", 30000)
     ids = torch.randint(0, vocab, (batch, SEQ_LEN), generator=gen)
