@@ -12,3 +12,20 @@ def _fresh_state():
     polytile.reset_stats()
     yield
     torch._dynamo.reset()
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """The OpInfo conformance summary of tests/test_opinfo.py, when its sample tests ran."""
+    import sys
+
+    mod = sys.modules.get("test_opinfo")
+    if mod is None:
+        return
+    reports = [r for cat in ("passed", "failed", "skipped", "xfailed", "xpassed")
+               for r in terminalreporter.stats.get(cat, [])
+               if getattr(r, "when", "call") in ("setup", "call") and "test_opinfo.py::test_opinfo" in r.nodeid]
+    lines = mod.summary_lines(reports)
+    if lines:
+        terminalreporter.write_sep("=", "OpInfo conformance (tests/test_opinfo.py)")
+        for line in lines:
+            terminalreporter.write_line(line)

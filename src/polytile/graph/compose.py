@@ -9,7 +9,7 @@ from .ir import Node
 
 
 def numel_of(x: Node, axes: Sequence[int] | None) -> int:
-    if not axes:
+    if not axes or not x.shape:  # a 0-d tensor: dim 0 / -1 is its one element
         return x.numel
     n = 1
     for a in axes:

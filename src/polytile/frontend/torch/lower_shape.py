@@ -70,7 +70,9 @@ def as_strided(ctx, x, size, stride, storage_offset=None):
     if val is None:
         raise Unsupported("as_strided: no example value for its input")
     base, _, _, off_in_base = ctx.b.strided(x)
-    start = (storage_offset or 0) - val.storage_offset() + off_in_base
+    if storage_offset is None:  # ATen: the input's own storage offset
+        storage_offset = val.storage_offset()
+    start = storage_offset - val.storage_offset() + off_in_base
     last = start + sum((n - 1) * st for n, st in zip(size, stride)) if all(size) else start
     if start < 0 or last >= max(base.numel, 1) or any(st < 0 for st in stride):
         raise Unsupported("as_strided reaching outside the storage the graph sees")
@@ -123,7 +125,9 @@ def constant_pad_nd(ctx, x, pad, value=0):
 def index_select(ctx, x, dim, index):
     if not index.shape:  # a 0-d index keeps the dim (size 1)
         index = ctx.b.reshape(index, [1])
-    return ctx.b.node("gather", [x, index], axis=dim % max(len(x.shape), 1))
+    if not x.shape:  # a 0-d input is a 1-element dim 0; the result stays 0-d
+        return ctx.b.reshape(ctx.b.node("gather", [ctx.b.reshape(x, [1]), index], axis=0), [])
+    return ctx.b.node("gather", [x, index], axis=dim % len(x.shape))
 
 
 @lowers(aten.embedding.default)
@@ -133,7 +137,10 @@ def embedding(ctx, weight, indices, padding_idx=-1, scale_grad_by_freq=False, sp
 
 @lowers(aten.gather.default)
 def gather(ctx, x, dim, index, sparse_grad=False):
-    return ctx.b.node("take_along", [x, index], axis=dim % max(len(x.shape), 1))
+    if not x.shape:  # a 0-d input is a 1-element dim 0; the result has the index's shape
+        flat = ctx.b.reshape(index, [index.numel])
+        return ctx.b.reshape(ctx.b.node("take_along", [ctx.b.reshape(x, [1]), flat], axis=0), list(index.shape))
+    return ctx.b.node("take_along", [x, index], axis=dim % len(x.shape))
 
 
 @lowers(aten.index.Tensor)
