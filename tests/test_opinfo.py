@@ -42,7 +42,16 @@ every selected OpInfo; ``test_opinfo_exhaustive`` (``-m slow``) covers every sam
 the end of the session by the ``pytest_terminal_summary`` hook in tests/conftest.py.
 
 MEASURED (2-core shared machine, torch 2.14.1, warm kernel cache):
-<filled in below, see MEASURED_NUMBERS>
+
+* selection: 703 OpInfos in op_db, 678 with float32 on CPU, 383 selected (9254 samples);
+  recomputing it takes ~10 min (10m17s measured).
+* default run (``pytest tests/test_opinfo.py``): 383 OpInfos, 732 samples: 703 pass (10 of them
+  with nothing to compile), 29 known failures, 0 eager skips; 368 OpInfos pass every sample run.
+  199 s wall (188 s in pytest, collection included; importing op_db takes ~6 s).
+* slow run (``pytest -m slow tests/test_opinfo.py``): 9254 samples: 9132 pass (22 with nothing
+  to compile), 122 known failures, 0 eager skips; 368 of 383 OpInfos pass every sample; plus
+  test_selection_is_current. 2497 s (41.6 min) in pytest, ~10 min of it the selection check.
+  A cold kernel cache roughly doubles the compile part of either run.
 """
 from __future__ import annotations
 
@@ -670,9 +679,7 @@ def _quiet():
     lg = logging.getLogger("polytile")
     old = lg.level
     lg.setLevel(logging.ERROR)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        yield
+    yield
     lg.setLevel(old)
 
 
@@ -720,11 +727,26 @@ def _ranges(idx: list[int]) -> str:
 
 
 def summary_lines(reports) -> list[str]:
-    """The session summary from pytest's reports of this module's sample tests."""
+    """The session summary from pytest's reports of this module's sample tests, one block per
+    test function (test_opinfo: the default subset; test_opinfo_exhaustive: every sample)."""
+    groups: dict = {}
+    for rep in reports:
+        groups.setdefault(rep.nodeid.split("[", 1)[0].rsplit("::", 1)[-1], []).append(rep)
+    lines = []
+    for func, reps in groups.items():
+        block = _summary_block(reps)
+        if block:
+            what = "every sample" if func.endswith("exhaustive") else f"first {DEFAULT_SAMPLES} samples per OpInfo"
+            lines += [f"{func} ({what}):"] + ["  " + line for line in block]
+    return lines
+
+
+def _summary_block(reports) -> list[str]:
     per_op: dict = {}
     counts = {"passed": 0, "nothing": 0, "xfailed": 0, "failed": 0, "skipped": 0, "xpassed": 0}
     skips: dict = {}
     known_hit: dict = {}  # (opinfo, reason) -> sample indices
+    nothing: list = []  # passed without any graph reaching polytile
     by_id = {f"{_label(k)}-s{i}": (k, i) for k, n in SELECTED.items() for i in range(n)}
     for rep in reports:
         pid = rep.nodeid.split("[", 1)[-1].rstrip("]")
@@ -744,6 +766,7 @@ def summary_lines(reports) -> list[str]:
             out = "passed"
             if ("opinfo", "nothing to compile") in rep.user_properties:
                 counts["nothing"] += 1
+                nothing.append(pid)
         else:
             out = "failed"
         counts[out] += 1
@@ -763,6 +786,9 @@ def summary_lines(reports) -> list[str]:
         f"{counts['xfailed']} known failures (xfail), {counts['failed']} failed, {counts['xpassed']} xpassed, "
         f"{counts['skipped']} skipped because eager raises",
     ]
+    if nothing:
+        lines.append(f"  nothing to compile (no graph reached polytile): {', '.join(nothing[:12])}"
+                     f"{f' ... ({len(nothing)} in all)' if len(nothing) > 12 else ''}")
     for reason, ids in sorted(skips.items()):
         lines.append(f"  skipped x{len(ids)}: {reason}  [{', '.join(ids[:4])}{' ...' if len(ids) > 4 else ''}]")
     if known_hit:
