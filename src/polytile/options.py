@@ -48,6 +48,18 @@ class Options:
     """Run the IR verifiers after every pass."""
     parallel_min_work: int = 16384
     """A nest with fewer scalar iterations than this runs on one thread."""
+    fusion: bool = True
+    """Fuse loop nests (all kinds below); False turns every fusion pass off."""
+    fuse_producers: bool = True
+    """Recompute cheap elementwise producers inside their consumers (buffers disappear)."""
+    fuse_epilogues: bool = True
+    """Write an elementwise consumer's result at the store of its producer (reduction,
+    matmul or convolution epilogues: bias, activation, residual add)."""
+    fuse_loops: bool = True
+    """Producer-consumer loop fusion at a depth, intermediates shrunk to local arrays
+    (reduce -> reduce chains: softmax, layer norm)."""
+    fuse_siblings: bool = True
+    """Fuse nests that read the same data and share their outer loops."""
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any] | None) -> "Options":
@@ -77,4 +89,5 @@ class Options:
 
     def cache_key(self) -> str:
         """The parts of the options that change generated code (not where it is written)."""
-        return repr((self.threads, self.cc, self.cflags, self.parallel_min_work))
+        return repr((self.threads, self.cc, self.cflags, self.parallel_min_work, self.fusion, self.fuse_producers,
+                     self.fuse_epilogues, self.fuse_loops, self.fuse_siblings))

@@ -14,6 +14,7 @@ from .ir import (INDEX, Assign, Buffer, Const, Expr, Fail, For, If, Kernel, Let,
                  Stmt, Store, Var, add, c, linear, mul)
 
 NO_BUFFER = ("full", "iota", "view")
+CONTRACTIONS = ("matmul", "conv2d")  # kernels tagged for the contraction passes (loop fusion skips them)
 
 # identity element and combine function of each reduction
 _NEG_INF, _POS_INF = float("-inf"), float("inf")
@@ -103,7 +104,8 @@ class _Builder:
     def emit(self, n: Node, body: list[Stmt], origin: str | None = None) -> None:
         # the origin names no node id: equal graphs must give byte-equal sources (cache keys)
         self.kernels.append(Kernel(f"k{len(self.kernels)}_{n.op}", tuple(body),
-                                   origin or f"{n.op}{list(n.shape)}:{n.dtype}"))
+                                   origin or f"{n.op}{list(n.shape)}:{n.dtype}",
+                                   contraction=n.op in CONTRACTIONS))
 
     # -- per-kind lowering -------------------------------------------------------------------
     def elementwise(self, n: Node) -> None:

@@ -154,6 +154,7 @@ class Kernel:
     name: str
     body: tuple[Stmt, ...]
     origin: str = ""  # the graph op(s) it came from, for dumps and error messages
+    contraction: bool = False  # a matmul or convolution nest (epilogues fuse at its store)
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import islpy as isl
 
@@ -30,15 +31,31 @@ def aff(e: Expr) -> str | None:
     return None
 
 
-def cond(e: Expr) -> list[str]:
-    """Affine constraints implied by a condition (a conjunction); non-affine parts are dropped."""
+def index_aff(e: Expr, ivs: tuple[str, ...]) -> str | None:
+    """``aff(e)`` when e is affine in the loop variables ``ivs`` only (a scalar such as a loaded
+    index makes the access indirect: None)."""
+    if any(isinstance(x, Var) and x.name not in ivs for x in walk_exprs(e)):
+        return None
+    return aff(e)
+
+
+def cond(e: Expr, ivs: tuple[str, ...] | None = None) -> list[str]:
+    """Affine constraints implied by a condition (a conjunction); non-affine parts (and, given
+    ``ivs``, parts on other variables than those) are dropped."""
     if isinstance(e, Op) and e.fn == "logical_and":
-        return cond(e.args[0]) + cond(e.args[1])
+        return cond(e.args[0], ivs) + cond(e.args[1], ivs)
     if isinstance(e, Op) and e.fn in _CMP:
-        a, b = aff(e.args[0]), aff(e.args[1])
+        pick = aff if ivs is None else (lambda x: index_aff(x, ivs))
+        a, b = pick(e.args[0]), pick(e.args[1])
         if a is not None and b is not None:
             return [f"{a} {_CMP[e.fn]} {b}"]
     return []
+
+
+def loop_constraints(f: For) -> tuple[str, ...]:
+    """The affine bounds of a loop as constraints on its variable (non-affine bounds dropped)."""
+    lo, hi = aff(f.lo), aff(f.hi)
+    return ((f"{f.var} >= {lo}",) if lo is not None else ()) + ((f"{f.var} < {hi}",) if hi is not None else ())
 
 
 @dataclass(frozen=True)
@@ -66,24 +83,18 @@ def accesses(body: tuple[Stmt, ...], sizes: dict[str, int]) -> list[Access]:
                 depth_of[s.name] = len(loops)
                 continue
             if isinstance(s, For):
-                c2 = list(cons)
-                lo, hi = aff(s.lo), aff(s.hi)
-                if lo is not None:
-                    c2.append(f"{s.var} >= {lo}")
-                if hi is not None:
-                    c2.append(f"{s.var} < {hi}")
-                visit(s.body, ivs + (s.var,), tuple(c2), loops + (id(s),))
+                visit(s.body, ivs + (s.var,), cons + loop_constraints(s), loops + (id(s),))
                 continue
             for e in stmt_exprs(s):
                 for x in walk_exprs(e):
                     if isinstance(x, Load):
-                        out.append(Access(x.buf, False, ivs, loops, cons, aff(x.index), sizes[x.buf],
+                        out.append(Access(x.buf, False, ivs, loops, cons, index_aff(x.index, ivs), sizes[x.buf],
                                           depth_of.get(x.buf, -1)))
             if isinstance(s, Store):
-                out.append(Access(s.buf, True, ivs, loops, cons, aff(s.index), sizes[s.buf],
+                out.append(Access(s.buf, True, ivs, loops, cons, index_aff(s.index, ivs), sizes[s.buf],
                                   depth_of.get(s.buf, -1)))
             if isinstance(s, If):
-                visit(s.then, ivs, cons + tuple(cond(s.cond)), loops)
+                visit(s.then, ivs, cons + tuple(cond(s.cond, ivs)), loops)
                 visit(s.orelse, ivs, cons, loops)
 
     visit(body, (), ())
@@ -133,3 +144,101 @@ def footprint(accs: list[Access], write: bool) -> dict[str, isl.Set]:
         s = relation(a, 0).range()
         out[a.buf] = out[a.buf].union(s) if a.buf in out else s
     return out
+
+
+# ---------------------------------------------------------------- slices (fusion)
+def iteration_map(a: Access) -> isl.Map:
+    """{ [every enclosing iv] -> [element] } of one access, on its iteration domain."""
+    return relation(a, len(a.ivs))
+
+
+@lru_cache(maxsize=16384)
+def point_slice(read: Access, write: Access) -> tuple[Expr, ...] | None:
+    """The slice of a producer needed by one consumer iteration, when it is a single point:
+    for each producer loop variable, a quasi-affine expression of the consumer's loop
+    variables giving the producer iteration that wrote the element this read sees.
+    None when the read is not affine, some element read is never written by ``write``, or
+    the element was written by several iterations."""
+    if read.index is None or write.index is None:
+        return None
+    rd, wr = iteration_map(read), iteration_map(write)
+    m = rd.apply_range(wr.reverse())
+    if not m.is_single_valued() or not m.domain().is_equal(rd.domain()):
+        return None
+    return _pma_exprs(isl.PwMultiAff.from_map(m), read.ivs)
+
+
+@lru_cache(maxsize=16384)
+def point_slice_map(write: Access, read: Access) -> tuple[Expr, ...] | None:
+    """The consumer iteration that reads what one producer iteration writes (store-site
+    fusion of an epilogue), when that is a bijection between the producer's writes and the
+    consumer's iterations: for each consumer loop variable, an expression of the producer's."""
+    if read.index is None or write.index is None:
+        return None
+    rd, wr = iteration_map(read), iteration_map(write)
+    m = wr.apply_range(rd.reverse())  # producer iteration -> consumer iteration
+    if not (m.is_single_valued() and m.is_injective() and rd.reverse().is_single_valued()
+            and wr.reverse().is_single_valued()):
+        return None
+    if not (m.domain().is_equal(wr.domain()) and m.range().is_equal(rd.domain())):
+        return None
+    return _pma_exprs(isl.PwMultiAff.from_map(m), write.ivs)
+
+
+def outer_deps_equal(accs_p: list[Access], accs_c: list[Access], depth: int) -> bool:
+    """Whether every dependence between two nests (same element, one of them writing) joins
+    iterations with equal values of their first ``depth`` loop variables: the condition for
+    fusing them at that depth with those loops kept parallel."""
+    glob_p = [a for a in accs_p if a.private_below < 0]
+    glob_c = [a for a in accs_c if a.private_below < 0]
+    for a in glob_p:
+        for b in glob_c:
+            if a.buf != b.buf or not (a.write or b.write):
+                continue
+            rel = relation(a, depth).apply_range(relation(b, depth).reverse())
+            if rel.is_empty():
+                continue
+            ident = isl.Map.identity(rel.get_space()).intersect_domain(rel.domain())
+            if not rel.is_subset(ident):
+                return False
+    return True
+
+
+def _pma_exprs(pma: isl.PwMultiAff, names: tuple[str, ...]) -> tuple[Expr, ...] | None:
+    out = []
+    for k in range(pma.dim(isl.dim_type.out)):
+        pieces = pma.get_pw_aff(k).coalesce().get_pieces()
+        if len(pieces) != 1:
+            return None
+        out.append(_aff_expr(pieces[0][1], names))
+    return tuple(out)
+
+
+def _val(v: isl.Val):
+    from fractions import Fraction
+
+    return Fraction(v.get_num_si(), v.get_den_val().to_python())
+
+
+def _aff_expr(a: isl.Aff, names: tuple[str, ...]) -> Expr:
+    """An isl quasi-affine function as an index expression (floor divisions become floordiv)."""
+    from math import lcm
+
+    from .ir import add, c, mul
+
+    terms: list[tuple[Expr, object]] = []
+    for i, n in enumerate(names):
+        k = _val(a.get_coefficient_val(isl.dim_type.in_, i))
+        if k:
+            terms.append((Var(n), k))
+    for j in range(a.dim(isl.dim_type.div)):
+        k = _val(a.get_coefficient_val(isl.dim_type.div, j))
+        if k:
+            terms.append((_aff_expr(a.get_div(j), names), k))  # a div is the floor of a rational aff
+    const = _val(a.get_constant_val())
+    den = lcm(const.denominator, *(k.denominator for _, k in terms))
+    e: Expr = c(int(const * den))
+    for x, k in terms:
+        e = add(e, mul(x, c(int(k * den))))
+    return e if den == 1 else Op("floordiv", (e, c(den)), INDEX)
+

@@ -131,3 +131,9 @@ def sink_parallel_loops(p: Program, *, tile: int = 512) -> Program:
         body = tuple(_sink(s, tile) if isinstance(s, For) else s for s in k.body)
         kernels.append(replace(k, body=body))
     return replace(p, kernels=tuple(kernels))
+
+
+def would_sink(f: For, tile: int = 512) -> bool:
+    """Whether ``sink_parallel_loops`` restructures the nest rooted at f (fusion leaves such
+    nests alone: fused, they would no longer match)."""
+    return _sink(f, tile) != f

@@ -10,12 +10,18 @@ from typing import Callable
 from ..affine.ir import Program
 from ..affine.verify import verify_program
 from ..options import Options
-from . import bounds, interchange, parallelize
+from . import bounds, fuse_epilogues, fuse_loops, fuse_producers, interchange, parallelize
 
 Pass = tuple[str, Callable[[Program, Options], Program]]
 
 PASSES: list[Pass] = [
     ("check_parallel", lambda p, o: parallelize.check_parallel(p)),
+    ("fuse_producers", lambda p, o: fuse_producers.fuse_producers(p) if o.fusion and o.fuse_producers else p),
+    ("fuse_epilogues", lambda p, o: fuse_epilogues.fuse_epilogues(p) if o.fusion and o.fuse_epilogues else p),
+    ("fuse_loops", lambda p, o: fuse_loops.fuse_loops(p, flow=o.fuse_loops, siblings=o.fuse_siblings,
+                                                      threads=o.threads)
+     if o.fusion and (o.fuse_loops or o.fuse_siblings) else p),
+    ("check_parallel_fused", lambda p, o: parallelize.check_parallel(p)),
     ("sink_parallel_loops", lambda p, o: interchange.sink_parallel_loops(p, tile=512)),
     ("conditions_to_bounds", lambda p, o: bounds.conditions_to_bounds(p)),
     ("check_parallel_again", lambda p, o: parallelize.check_parallel(p)),
