@@ -275,6 +275,13 @@ def _transformer_tail(x, r, w, b, w2, b2):
     return F.gelu(h) * 0.5 + torch.softmax(h, -1)
 
 
+def _with_nan(x):
+    x[1, 3] = float("nan")
+    x[4, 39] = float("nan")
+    x[5, :] = float("-inf")
+    return x
+
+
 WORKLOADS = {
     "softmax": (lambda x: torch.softmax(x, -1), lambda: (torch.randn(33, 77),)),
     "log_softmax_dim0": (lambda x: torch.log_softmax(x, 0), lambda: (torch.randn(20, 20),)),
@@ -291,6 +298,7 @@ WORKLOADS = {
                               lambda: (torch.randn(1, 8, 9, 9), torch.randn(8, 8, 3, 3), torch.randn(8), torch.rand(8) + 0.5)),
     "transformer_tail": (_transformer_tail, lambda: (torch.randn(2, 5, 32), torch.randn(2, 5, 32), torch.randn(32),
                                                     torch.randn(32), None, None)),
+    "max_min_with_nan": (lambda x: (x.amax(-1), x.amin(-1), torch.softmax(x, -1)), lambda: (_with_nan(torch.randn(6, 40)),)),
     "var_mean_dims": (lambda x: torch.var_mean(x, dim=(0, 2)), lambda: (torch.randn(4, 6, 10),)),
 }
 
@@ -309,7 +317,7 @@ def test_fused_equals_unfused_and_eager(name):
         assert_accurate(out, ref, lambda: fp64_reference(fn, args), 1e-4)
     assert outs[True][1] <= outs[False][1]
     for a, b in zip(*(torch.utils._pytree.tree_leaves(outs[f][0]) for f in (True, False))):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5, equal_nan=True)
 
 
 def test_memory_plan_shrinks():

@@ -24,7 +24,16 @@ def main(argv: list[str] | None = None) -> int:
     m.add_argument("--no-inductor", action="store_true")
     m.add_argument("--models-csv", default=None, help="default: ../shared/bench/models.csv")
     m.add_argument("--out", default="bench-out", help="folder for report.md, results.json, speedup.png")
+    f = b.add_parser("fusion", help="memory-bound workloads: polytile with/without fusion vs eager and Inductor")
+    f.add_argument("--threads", type=int, default=2)
+    f.add_argument("--rounds", type=int, default=20)
+    f.add_argument("--scale", type=int, default=1, help="multiply the row counts")
+    f.add_argument("--only", action="append", default=[], metavar="NAME")
+    f.add_argument("--no-inductor", action="store_true")
+    f.add_argument("--out", default=None, help="also write report.md and results.json here")
     a = ap.parse_args(argv)
+    if a.cmd == "bench" and a.what == "fusion":
+        return _bench_fusion(a, argv)
     if a.cmd == "bench":
         return _bench_models(a, argv)
     if a.cmd == "demo":
@@ -58,6 +67,27 @@ def _bench_models(a, argv) -> int:
     print(report.summary(results))
     for k, v in paths.items():
         print(f"{k}: {v}")
+    return 0
+
+
+def _bench_fusion(a, argv) -> int:
+    import json
+    import os
+
+    from .bench import fusion, suite
+
+    text, results = fusion.run(threads=a.threads, rounds=a.rounds, scale=a.scale, inductor=not a.no_inductor,
+                               only=a.only or None)
+    command = "polytile " + " ".join(argv if argv is not None else sys.argv[1:])
+    env = suite.environment()
+    out = f"# Fusion benchmark\n\nCommand: `{command}`\n\nMachine: {env}\n\n{text}\n"
+    print(out)
+    if a.out:
+        os.makedirs(a.out, exist_ok=True)
+        with open(os.path.join(a.out, "report.md"), "w") as fh:
+            fh.write(out)
+        with open(os.path.join(a.out, "results.json"), "w") as fh:
+            json.dump({"environment": env, "command": command, "results": results}, fh, indent=1)
     return 0
 
 

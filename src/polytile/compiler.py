@@ -37,6 +37,8 @@ def compile_graph_ir(graph: Graph, input_specs: list[TensorSpec], options: Optio
     so, hit = build_shared_object(srcs, options)
     stats.bump("cache_hits" if hit else "cache_misses")
     stats.bump("kernels_generated", len(prog.kernels))
+    stats.bump("intermediate_bytes", plan.temp_bytes)
+    stats.bump("arena_bytes", plan.arena_bytes)
     stats.bump("graphs_compiled")
     outs = [TensorSpec(n.shape, contiguous_strides(n.shape), n.dtype) for n in graph.outputs]
     ng = NativeGraph(so, input_specs, outs, plan.arena_bytes, options.threads, name=name,

@@ -5,7 +5,7 @@ import math
 from typing import Callable
 
 from ..affine.ir import (INDEX, Alloc, Assign, Const, Expr, Fail, For, If, Kernel, Let, Load, Op, Program,
-                         Stmt, Store, Var, buffers_used, canonicalize)
+                         Stmt, Store, Var, buffers_used, canonicalize, walk_exprs)
 
 CTYPE = {"float32": "float", "float64": "double", "int64": "int64_t", "int32": "int32_t",
          "int16": "int16_t", "int8": "int8_t", "uint8": "uint8_t", "bool": "bool"}
@@ -13,6 +13,15 @@ CTYPE = {"float32": "float", "float64": "double", "int64": "int64_t", "int32": "
 PRELUDE = r"""#include <stdint.h>
 #include <stdbool.h>
 #include <math.h>
+#ifdef PT_LIBMVEC
+/* glibc's vector math library has SIMD variants of these: loops calling them vectorize */
+#define PT_SIMD __attribute__((simd("notinbranch")))
+float expf(float) PT_SIMD; float logf(float) PT_SIMD; float log1pf(float) PT_SIMD; float expm1f(float) PT_SIMD;
+float sinf(float) PT_SIMD; float cosf(float) PT_SIMD; float tanf(float) PT_SIMD; float tanhf(float) PT_SIMD;
+float erff(float) PT_SIMD; float asinf(float) PT_SIMD; float acosf(float) PT_SIMD; float atanf(float) PT_SIMD;
+float sinhf(float) PT_SIMD; float coshf(float) PT_SIMD; float exp2f(float) PT_SIMD; float log2f(float) PT_SIMD;
+float log10f(float) PT_SIMD; float powf(float, float) PT_SIMD; float atan2f(float, float) PT_SIMD;
+#endif
 static inline int64_t pt_floordiv_i(int64_t a, int64_t b) { if (b == 0) return 0; int64_t q = a / b; return (q * b != a && ((a < 0) != (b < 0))) ? q - 1 : q; }
 static inline int64_t pt_mod_i(int64_t a, int64_t b) { if (b == 0) return 0; int64_t r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
 static inline int64_t pt_truncdiv_i(int64_t a, int64_t b) { return b == 0 ? 0 : a / b; }
@@ -137,11 +146,43 @@ def expr(e: Expr) -> str:
     return tmpl([expr(a) for a in e.args], e.dtype, e.args[0].dtype)
 
 
+def _minmax_reduction(f: For):
+    """(accumulator, 'max'|'min', value) when loop f only folds a float value into an
+    accumulator with maximum/minimum (NaN-propagating): rendered as an OpenMP simd reduction
+    with a NaN flag, because gcc vectorizes no NaN-propagating select by itself."""
+    if len(f.body) != 1 or not isinstance(f.body[0], Assign) or f.omp:
+        return None
+    a = f.body[0]
+    v = a.value
+    if not (isinstance(v, Op) and v.fn in ("maximum", "minimum") and v.dtype in ("float32", "float64")
+            and isinstance(v.args[0], Var) and v.args[0].name == a.name):
+        return None
+    if any(isinstance(x, Var) and x.name == a.name for x in walk_exprs(v.args[1])):
+        return None
+    return a.name, "max" if v.fn == "maximum" else "min", v.args[1]
+
+
+def _render_minmax(f: For, red, pad: str) -> list[str]:
+    acc, kind, value = red
+    cmp = ">" if kind == "max" else "<"
+    nan = f"{acc}_nan"
+    return [f"{pad}{{ int {nan} = ({acc} != {acc});",
+            f"{pad}#pragma omp simd reduction({kind}:{acc}) reduction(|:{nan})",
+            f"{pad}for (int64_t {f.var} = {expr(f.lo)}; {f.var} < {expr(f.hi)}; ++{f.var}) {{",
+            f"{pad}  {CTYPE[value.dtype]} _v = {expr(value)};",
+            f"{pad}  {acc} = {acc} {cmp} _v ? {acc} : _v; {nan} |= (_v != _v);",
+            f"{pad}}}",
+            f"{pad}if ({nan}) {acc} = NAN; }}"]
+
+
 def stmts(body: tuple[Stmt, ...], ind: int) -> list[str]:
     pad = "  " * ind
     out: list[str] = []
     for s in body:
-        if isinstance(s, For):
+        red = _minmax_reduction(s) if isinstance(s, For) else None
+        if red is not None:
+            out += _render_minmax(s, red, pad)
+        elif isinstance(s, For):
             if s.omp:
                 coll = f" collapse({s.omp})" if s.omp > 1 else ""
                 out.append(f"{pad}#pragma omp parallel for{coll} num_threads(pt_nthreads) schedule(static)")

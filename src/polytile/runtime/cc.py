@@ -37,10 +37,34 @@ def _cpu_signature() -> str:
     return os.uname().machine
 
 
+_PROBE = r"""#include <math.h>
+float expf(float) __attribute__((simd("notinbranch")));
+void pt_probe(float* a, int n) { for (int i = 0; i < n; ++i) a[i] = expf(a[i]); }
+"""
+
+
+@functools.lru_cache(maxsize=None)
+def vector_math(cc: str, cflags: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(compile flags, link flags) that let loops calling exp/log/tanh/... vectorize through
+    glibc's vector math library (libmvec), when this compiler and C library have it; else
+    empty (the loops then call scalar libm)."""
+    with tempfile.TemporaryDirectory(prefix="polytile-probe-") as tmp:
+        src = os.path.join(tmp, "probe.c")
+        with open(src, "w") as f:
+            f.write(_PROBE)
+        try:
+            r = subprocess.run([cc, *cflags, *BASE_FLAGS, src, "-o", os.path.join(tmp, "probe.so"), "-lmvec", "-lm"],
+                               capture_output=True, text=True)
+        except OSError:
+            return (), ()
+    return (("-DPT_LIBMVEC",), ("-lmvec",)) if r.returncode == 0 else ((), ())
+
+
 def build_shared_object(sources: list[str], options: Options) -> tuple[str, bool]:
     """Path of a shared object built from the translation units ``sources`` (compiled in
     parallel, then linked) and whether it came from the cache."""
-    flags = tuple(options.cflags) + BASE_FLAGS
+    vm_cflags, vm_libs = vector_math(options.cc, tuple(options.cflags))
+    flags = tuple(options.cflags) + BASE_FLAGS + vm_cflags
     k = cache.key(*sources, " ".join(flags), compiler_version(options.cc), __version__, _cpu_signature())
     d = cache.ensure_private_dir(options.cache_dir)
     so = os.path.join(d, f"{k}.so")
@@ -64,7 +88,7 @@ def build_shared_object(sources: list[str], options: Options) -> tuple[str, bool
         if errors:
             raise CompileError(f"{options.cc} failed:\n{errors[0][-4000:]}")
         out = os.path.join(tmp, "kernel.so")
-        r = subprocess.run([options.cc, *flags, *objs, "-o", out, "-lm"], capture_output=True, text=True)
+        r = subprocess.run([options.cc, *flags, *objs, "-o", out, *vm_libs, "-lm"], capture_output=True, text=True)
         if r.returncode != 0:
             raise CompileError(f"{options.cc} (link) failed:\n{r.stderr[-4000:]}")
         with open(out, "rb") as f:
