@@ -53,9 +53,17 @@ def cond(e: Expr, ivs: tuple[str, ...] | None = None) -> list[str]:
 
 
 def loop_constraints(f: For) -> tuple[str, ...]:
-    """The affine bounds of a loop as constraints on its variable (non-affine bounds dropped)."""
-    lo, hi = aff(f.lo), aff(f.hi)
-    return ((f"{f.var} >= {lo}",) if lo is not None else ()) + ((f"{f.var} < {hi}",) if hi is not None else ())
+    """The affine bounds of a loop as constraints on its variable: a ``maximum`` lower bound or
+    a ``minimum`` upper bound (strip-mined loops) gives one constraint per argument;
+    non-affine bounds are dropped."""
+    def parts(e: Expr, fn: str) -> list[str]:
+        if isinstance(e, Op) and e.fn == fn:
+            return [x for a in e.args for x in parts(a, fn)]
+        a = aff(e)
+        return [a] if a is not None else []
+
+    return tuple(f"{f.var} >= {lo}" for lo in parts(f.lo, "maximum")) + \
+        tuple(f"{f.var} < {hi}" for hi in parts(f.hi, "minimum"))
 
 
 @dataclass(frozen=True)
