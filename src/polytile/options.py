@@ -60,6 +60,11 @@ class Options:
     (reduce -> reduce chains: softmax, layer norm)."""
     fuse_siblings: bool = True
     """Fuse nests that read the same data and share their outer loops."""
+    tile_contractions: bool = True
+    """Register-tile and pack matmul-like nests (vector accumulators, packed operand panels)."""
+    target: Any = None
+    """Overrides of the detected machine description (``polytile.target.Target`` fields),
+    e.g. ``{"vector_bytes": 16}``; the cost models read the result."""
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any] | None) -> "Options":
@@ -78,6 +83,11 @@ class Options:
             kw["cflags"] = tuple(kw["cflags"].split())
         elif "cflags" in kw:
             kw["cflags"] = tuple(kw["cflags"])
+        if kw.get("target") is not None:
+            from .target import resolve
+
+            resolve(kw["target"])  # unknown fields fail here, with the valid ones listed
+            kw["target"] = dict(kw["target"])
         if "threads" in kw:
             kw["threads"] = int(kw["threads"])
             if kw["threads"] < 1:
@@ -90,4 +100,5 @@ class Options:
     def cache_key(self) -> str:
         """The parts of the options that change generated code (not where it is written)."""
         return repr((self.threads, self.cc, self.cflags, self.parallel_min_work, self.fusion, self.fuse_producers,
-                     self.fuse_epilogues, self.fuse_loops, self.fuse_siblings))
+                     self.fuse_epilogues, self.fuse_loops, self.fuse_siblings, self.tile_contractions,
+                     sorted((self.target or {}).items())))

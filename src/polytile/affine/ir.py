@@ -29,6 +29,8 @@ class Var:
 
 @dataclass(frozen=True)
 class Load:
+    """Element ``index`` of ``buf``; with a vector dtype, ``lanes`` consecutive elements from there."""
+
     buf: str
     index: "Expr"
     dtype: str
@@ -44,6 +46,21 @@ class Op:
 
 
 Expr = Const | Var | Load | Op
+
+
+def vector_type(dtype: str, lanes: int) -> str:
+    """The dtype of a vector of ``lanes`` elements (MLIR's vector<8xf32> is "float32x8")."""
+    return f"{dtype}x{lanes}"
+
+
+def lanes(dtype: str) -> int:
+    """Elements in a value of this dtype (1 for scalars)."""
+    head, _, n = dtype.rpartition("x")
+    return int(n) if head and n.isdigit() else 1
+
+
+def element_type(dtype: str) -> str:
+    return dtype.rpartition("x")[0] if lanes(dtype) > 1 else dtype
 
 
 def c(v: int) -> Const:

@@ -6,7 +6,7 @@ from functools import lru_cache
 
 import islpy as isl
 
-from .ir import INDEX, Alloc, Const, Expr, For, If, Load, Op, Stmt, Store, Var, stmt_exprs, walk_exprs
+from .ir import INDEX, lanes, Alloc, Const, Expr, For, If, Load, Op, Stmt, Store, Var, stmt_exprs, walk_exprs
 
 _CMP = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "="}
 
@@ -76,6 +76,7 @@ class Access:
     index: str | None  # affine index, or None (indirect: any element)
     size: int
     private_below: int = -1  # local array declared inside this many loops (-1: a program buffer)
+    lanes: int = 1  # a vector access touches [index, index + lanes)
 
 
 def accesses(body: tuple[Stmt, ...], sizes: dict[str, int]) -> list[Access]:
@@ -97,10 +98,10 @@ def accesses(body: tuple[Stmt, ...], sizes: dict[str, int]) -> list[Access]:
                 for x in walk_exprs(e):
                     if isinstance(x, Load):
                         out.append(Access(x.buf, False, ivs, loops, cons, index_aff(x.index, ivs), sizes[x.buf],
-                                          depth_of.get(x.buf, -1)))
+                                          depth_of.get(x.buf, -1), lanes(x.dtype)))
             if isinstance(s, Store):
                 out.append(Access(s.buf, True, ivs, loops, cons, index_aff(s.index, ivs), sizes[s.buf],
-                                  depth_of.get(s.buf, -1)))
+                                  depth_of.get(s.buf, -1), lanes(s.value.dtype)))
             if isinstance(s, If):
                 visit(s.then, ivs, cons + tuple(cond(s.cond, ivs)), loops)
                 visit(s.orelse, ivs, cons, loops)
@@ -113,7 +114,9 @@ def relation(a: Access, keep: int) -> isl.Map:
     """{ [first `keep` ivs] -> [element] } touched by access ``a`` (inner ivs projected out)."""
     outer, inner = a.ivs[:keep], a.ivs[keep:]
     cons = list(a.constraints) + [f"0 <= o < {max(a.size, 1)}"]
-    if a.index is not None:
+    if a.index is not None and a.lanes > 1:
+        cons.append(f"o >= {a.index} and o < {a.index} + {a.lanes}")
+    elif a.index is not None:
         cons.append(f"o = {a.index}")
     body = " and ".join(cons)
     if inner:

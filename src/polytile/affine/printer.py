@@ -1,7 +1,7 @@
 """Text form of the affine IR, in the style of MLIR's affine dialect (for reading and dumps)."""
 from __future__ import annotations
 
-from .ir import Alloc, Assign, Const, Expr, Fail, For, If, Kernel, Let, Load, Op, Program, Stmt, Store, Var
+from .ir import lanes, Alloc, Assign, Const, Expr, Fail, For, If, Kernel, Let, Load, Op, Program, Stmt, Store, Var
 
 _INFIX = {"add": "+", "sub": "-", "mul": "*", "floordiv": "floordiv", "remainder": "mod"}
 
@@ -12,6 +12,8 @@ def expr(e: Expr) -> str:
     if isinstance(e, Var):
         return "%" + e.name
     if isinstance(e, Load):
+        if lanes(e.dtype) > 1:
+            return f"affine.vector_load %{e.buf}[{expr(e.index)}] : {e.dtype}"
         return f"affine.load %{e.buf}[{expr(e.index)}]"
     if e.fn in _INFIX and e.dtype == "int64":
         return f"({expr(e.args[0])} {_INFIX[e.fn]} {expr(e.args[1])})"
@@ -31,7 +33,8 @@ def stmts(body: tuple[Stmt, ...], ind: int) -> list[str]:
             out += stmts(s.body, ind + 1)
             out.append(pad + "}")
         elif isinstance(s, Store):
-            out.append(f"{pad}affine.store {expr(s.value)}, %{s.buf}[{expr(s.index)}]")
+            op = "affine.vector_store" if lanes(s.value.dtype) > 1 else "affine.store"
+            out.append(f"{pad}{op} {expr(s.value)}, %{s.buf}[{expr(s.index)}]")
         elif isinstance(s, Let):
             out.append(f"{pad}%{s.name} : {s.dtype} = {expr(s.value)}")
         elif isinstance(s, Assign):

@@ -1,7 +1,7 @@
 """Verifier of the affine IR: run after every pass when ``Options.verify`` is set."""
 from __future__ import annotations
 
-from .ir import (INDEX, Alloc, Assign, Const, Expr, Fail, For, If, Let, Load, Op, Program, Stmt, Store, Var,
+from .ir import (INDEX, element_type, Alloc, Assign, Const, Expr, Fail, For, If, Let, Load, Op, Program, Stmt, Store, Var,
                  stmt_exprs, walk_exprs)
 
 
@@ -32,7 +32,7 @@ def _verify_body(body, bufs, scalars: dict[str, str], ivs: set[str], where: str,
             b = bufs.get(s.buf)
             if b is None or getattr(b, "kind", "local") == "input":
                 raise VerifyError(f"{where}: store to {'input' if b else 'unknown'} buffer {s.buf}")
-            if s.value.dtype != b.dtype:
+            if element_type(s.value.dtype) != b.dtype:
                 raise VerifyError(f"{where}: store of {s.value.dtype} into {b.dtype} buffer {s.buf}")
             if s.index.dtype != INDEX:
                 raise VerifyError(f"{where}: store index of type {s.index.dtype}")
@@ -75,7 +75,7 @@ def _check_expr(e: Expr, bufs, scalars, ivs, where) -> None:
             b = bufs.get(x.buf)
             if b is None:
                 raise VerifyError(f"{where}: load from unknown buffer {x.buf}")
-            if b.dtype != x.dtype:
+            if b.dtype != element_type(x.dtype):
                 raise VerifyError(f"{where}: load of {x.dtype} from {b.dtype} buffer {x.buf}")
             if x.index.dtype != INDEX:
                 raise VerifyError(f"{where}: index of type {x.index.dtype}")

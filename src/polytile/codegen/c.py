@@ -5,14 +5,19 @@ import math
 from typing import Callable
 
 from ..affine.ir import (INDEX, Alloc, Assign, Const, Expr, Fail, For, If, Kernel, Let, Load, Op, Program,
-                         Stmt, Store, Var, buffers_used, canonicalize, walk_exprs)
+                         Stmt, Store, Var, buffers_used, canonicalize, lanes, walk_exprs)
 
 CTYPE = {"float32": "float", "float64": "double", "int64": "int64_t", "int32": "int32_t",
-         "int16": "int16_t", "int8": "int8_t", "uint8": "uint8_t", "bool": "bool"}
+         "int16": "int16_t", "int8": "int8_t", "uint8": "uint8_t", "bool": "bool",
+         # vectors (GCC vector extensions; aligned(4): loads and stores through them may be unaligned)
+         "float32x4": "pt_f32x4", "float32x8": "pt_f32x8", "float32x16": "pt_f32x16"}
 
 PRELUDE = r"""#include <stdint.h>
 #include <stdbool.h>
 #include <math.h>
+typedef float pt_f32x4 __attribute__((vector_size(16), aligned(4)));
+typedef float pt_f32x8 __attribute__((vector_size(32), aligned(4)));
+typedef float pt_f32x16 __attribute__((vector_size(64), aligned(4)));
 #ifdef PT_LIBMVEC
 /* glibc's vector math library has SIMD variants of these: loops calling them vectorize */
 #define PT_SIMD __attribute__((simd("notinbranch")))
@@ -62,6 +67,7 @@ def _sfx(dt: str) -> str:
 # one template per scalar op: (rendered args, result dtype, arg dtype) -> C expression
 OPS: dict[str, Callable[[list[str], str, str], str]] = {
     "add": lambda a, d, t: f"({a[0]} + {a[1]})",
+    "broadcast": lambda a, d, t: f"(({CTYPE[d]}){{}} + {a[0]})",
     "sub": lambda a, d, t: f"({a[0]} - {a[1]})",
     "mul": lambda a, d, t: f"({a[0]} * {a[1]})",
     "div": lambda a, d, t: f"({a[0]} / {a[1]})" if _isfloat(d) else f"pt_truncdiv_i({a[0]}, {a[1]})",
@@ -134,6 +140,8 @@ def expr(e: Expr) -> str:
     if isinstance(e, Var):
         return e.name
     if isinstance(e, Load):
+        if lanes(e.dtype) > 1:
+            return f"(*(const {CTYPE[e.dtype]}*)&{e.buf}[{expr(e.index)}])"
         return f"{e.buf}[{expr(e.index)}]"
     if e.fn == "cast":
         (x,) = e.args
@@ -189,6 +197,8 @@ def stmts(body: tuple[Stmt, ...], ind: int) -> list[str]:
             out.append(f"{pad}for (int64_t {s.var} = {expr(s.lo)}; {s.var} < {expr(s.hi)}; ++{s.var}) {{")
             out += stmts(s.body, ind + 1)
             out.append(pad + "}")
+        elif isinstance(s, Store) and lanes(s.value.dtype) > 1:
+            out.append(f"{pad}*({CTYPE[s.value.dtype]}*)&{s.buf}[{expr(s.index)}] = {expr(s.value)};")
         elif isinstance(s, Store):
             out.append(f"{pad}{s.buf}[{expr(s.index)}] = {expr(s.value)};")
         elif isinstance(s, Let):

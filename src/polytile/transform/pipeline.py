@@ -10,7 +10,8 @@ from typing import Callable
 from ..affine.ir import Program
 from ..affine.verify import verify_program
 from ..options import Options
-from . import bounds, fuse_epilogues, fuse_loops, fuse_producers, interchange, parallelize
+from ..target import resolve as resolve_target
+from . import bounds, fuse_epilogues, fuse_loops, fuse_producers, interchange, parallelize, tile_contractions
 
 Pass = tuple[str, Callable[[Program, Options], Program]]
 
@@ -22,6 +23,8 @@ PASSES: list[Pass] = [
                                                       threads=o.threads)
      if o.fusion and (o.fuse_loops or o.fuse_siblings) else p),
     ("check_parallel_fused", lambda p, o: parallelize.check_parallel(p)),
+    ("tile_contractions", lambda p, o: tile_contractions.tile_contractions(p, resolve_target(o.target))
+     if o.tile_contractions else p),
     ("sink_parallel_loops", lambda p, o: interchange.sink_parallel_loops(p, tile=512)),
     ("conditions_to_bounds", lambda p, o: bounds.conditions_to_bounds(p)),
     ("check_parallel_again", lambda p, o: parallelize.check_parallel(p)),
