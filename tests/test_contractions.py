@@ -70,6 +70,42 @@ def test_contraction_cases(name):
     torch.testing.assert_close(tiled, untiled, rtol=1e-4, atol=1e-4)
 
 
+CONVS = {
+    "3x3_pad1": dict(x=(2, 8, 13, 11), w=(16, 8, 3, 3), padding=1),
+    "1x1": dict(x=(1, 24, 7, 9), w=(20, 24, 1, 1)),
+    "7x7_stride2_pad3": dict(x=(1, 3, 29, 31), w=(16, 3, 7, 7), stride=2, padding=3),
+    "grouped": dict(x=(1, 16, 10, 10), w=(24, 4, 3, 3), padding=1, groups=4),
+    "dilated": dict(x=(1, 8, 17, 15), w=(12, 8, 3, 3), padding=2, dilation=2),
+    "depthwise": dict(x=(1, 12, 9, 9), w=(12, 1, 3, 3), padding=1, groups=12),
+    "odd_channels_no_pad": dict(x=(1, 5, 19, 23), w=(7, 5, 3, 2)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CONVS))
+def test_conv_tiled_equals_untiled_and_eager(name):
+    cfg = dict(CONVS[name])
+    x, w = torch.randn(*cfg.pop("x")), torch.randn(*cfg.pop("w"))
+    bias = torch.randn(w.shape[0])
+
+    def fn(x, w, b):
+        return F.relu(F.conv2d(x, w, b, **cfg))
+
+    ref = fn(x, w, bias)
+    tiled, st = _compile(fn, (x, w, bias))
+    untiled, _ = _compile(fn, (x, w, bias), tile_contractions=False)
+    assert st["ops_fallen_back"] == {}
+    assert_accurate(tiled, ref, lambda: fp64_reference(fn, (x, w, bias)), 1e-4)
+    torch.testing.assert_close(tiled, untiled, rtol=1e-4, atol=1e-4)
+
+
+def test_conv_is_tiled():
+    b = GraphBuilder()
+    x, w = b.input(0, [1, 16, 12, 12], F32), b.input(1, [32, 16, 3, 3], F32)
+    conv = b.node("conv2d", (x, w), stride=(1, 1), padding=(1, 1), dilation=(1, 1), groups=1)
+    p = _pipeline(build(b.graph([conv])), target={"vector_bytes": 32, "vector_registers": 16})
+    assert [k.name.endswith("_pack") for k in p.kernels] == [True, False]
+
+
 def _pipeline(p, **opts):
     o = Options(**{"threads": 2, **opts})
     for name, fn in PASSES:

@@ -31,7 +31,17 @@ def main(argv: list[str] | None = None) -> int:
     f.add_argument("--only", action="append", default=[], metavar="NAME")
     f.add_argument("--no-inductor", action="store_true")
     f.add_argument("--out", default=None, help="also write report.md and results.json here")
+    g = b.add_parser("contractions", help="GEMM and conv2d shapes: polytile vs eager and Inductor, GFLOP/s, FMA peak")
+    g.add_argument("--threads", type=int, default=2)
+    g.add_argument("--rounds", type=int, default=10)
+    g.add_argument("--kind", action="append", choices=["gemm", "conv"], default=[])
+    g.add_argument("--limit", type=int, default=None, help="first N shapes of each file")
+    g.add_argument("--no-inductor", action="store_true")
+    g.add_argument("--shapes-dir", default=None, help="default: ../shared/bench")
+    g.add_argument("--out", default=None, help="also write report.md, results.json and speedup.png here")
     a = ap.parse_args(argv)
+    if a.cmd == "bench" and a.what == "contractions":
+        return _bench_contractions(a, argv)
     if a.cmd == "bench" and a.what == "fusion":
         return _bench_fusion(a, argv)
     if a.cmd == "bench":
@@ -67,6 +77,31 @@ def _bench_models(a, argv) -> int:
     print(report.summary(results))
     for k, v in paths.items():
         print(f"{k}: {v}")
+    return 0
+
+
+def _bench_contractions(a, argv) -> int:
+    import json
+    import os
+
+    from .bench import contractions, suite, zoo
+
+    shapes = a.shapes_dir or (os.path.dirname(zoo.default_models_csv() or "") or None)
+    if not shapes:
+        print("polytile: cannot find shared/bench; pass --shapes-dir", file=sys.stderr)
+        return 2
+    text, results = contractions.run(shapes, threads=a.threads, rounds=a.rounds, inductor=not a.no_inductor,
+                                     kinds=tuple(a.kind or ("gemm", "conv")), limit=a.limit)
+    command = "polytile " + " ".join(argv if argv is not None else sys.argv[1:])
+    out = f"# Contraction benchmark\n\nCommand: `{command}`\n\nMachine: {suite.environment()}\n\n{text}\n"
+    print(out)
+    if a.out:
+        os.makedirs(a.out, exist_ok=True)
+        with open(os.path.join(a.out, "report.md"), "w") as fh:
+            fh.write(out)
+        with open(os.path.join(a.out, "results.json"), "w") as fh:
+            json.dump({"environment": suite.environment(), "command": command, "results": results}, fh, indent=1)
+        contractions.chart(results, os.path.join(a.out, "speedup.png"))
     return 0
 
 

@@ -3,34 +3,37 @@ affine IR).
 
 It applies to any nest of this form, whatever op it came from, found from its accesses:
 
-    for p... (parallel), for i (parallel), for j (parallel):
+    for p... (parallel), for i (parallel), for j1..jq (parallel):
       acc = 0
-      for r: acc = acc + X * Y      # X invariant in j, Y invariant in i (affine loads)
+      for r1..rs:  [if cond:]  acc = acc + X * Y
       C[f(p, i, j)] = epilogue(acc, loads at (p, i, j))
 
-and rewrites it as
+where X does not depend on the j loops and Y not on i (matmul, batched matmul, linear,
+and convolution: i = output channel, j = output pixels (oh, ow), r = (ci, kh, kw), the
+padding test as ``cond``). The j loops are coalesced into one loop J and the r loops into
+one loop R (X must be contiguous over the r loops). It becomes
 
-    pack:  Yp[jo][r][NR] = Y(p, r, jo*NR + jj)       copy generation: any layout of Y
-                                                    (a transposed weight) becomes contiguous
+    pack:  Yp[p][J/NR][R][NR] = cond ? Y : 0      copy generation: any layout of Y (a
+                                                  transposed weight, im2col of an image)
+                                                  becomes contiguous
     main:  for p..., jo, io (parallel, OpenMP):
-             MR x NV vector accumulators (scalar replacement; the i loop unrolled and jammed)
-             for r: NV vector loads of Yp, MR scalar loads of X, MR*NV broadcast FMAs
+             MR x NV vector accumulators (scalar replacement; i unrolled and jammed)
+             for R: NV vector loads of Yp, MR scalar loads of X, MR*NV broadcast FMAs
              tile -> local array; epilogue loop over the tile (vectorized by the C compiler)
-    rest:  the original nest over the rows (i >= MI*MR) and columns (j >= NJ*NR) that do not
+    rest:  the original nest over rows (i >= MI*MR) and pixels (J >= NJ*NR) that do not
            fill a register tile (partial tiles, no padding copies)
 
-MR, NR come from the Target: NR = 2 vectors, MR = what the remaining vector registers
-hold. The nest is left alone when it is too small to fill a tile.
+MR, NR come from the Target: NR = 2 vectors, MR = what the remaining vector registers hold.
 """
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
-from ..affine.ir import (Alloc, Assign, Buffer, Const, Expr, For, Kernel, Let, Load, Op, Program, Stmt, Store,
-                         Var, add, c, lanes as _lanes, mul, trip_count, vector_type, walk_exprs)
-from ..affine.linear import linear_form
+from ..affine.ir import (Alloc, Assign, Buffer, Const, Expr, For, If, Kernel, Let, Load, Op, Program, Stmt,
+                         Store, Var, add, c, mul, trip_count, vector_type, walk_exprs)
+from ..affine.linear import linear_form, to_expr
 from ..target import Target
-from .fusion_util import subst_vars
+from .fusion_util import map_expr, subst_vars
 
 MIN_WORK = 32 * 32 * 32  # multiply-adds below which tiling is not worth a packing pass
 
@@ -43,7 +46,24 @@ def tile_sizes(t: Target) -> tuple[int, int, int]:
     return mr, nv, vw
 
 
-def _match(k: Kernel):
+@dataclass
+class _Nest:
+    batch: list[For]
+    iloop: For
+    jloops: list[For]
+    rloops: list[For]
+    acc: str
+    cond: Expr | None
+    x: Load  # invariant in the j loops, contiguous over the r loops
+    y: Load  # invariant in i
+    store: Store
+
+
+def _uses(e: Expr, names) -> bool:
+    return any(isinstance(v, Var) and v.name in names for v in walk_exprs(e))
+
+
+def _match(k: Kernel) -> _Nest | None:
     if not k.contraction or len(k.body) != 1 or not isinstance(k.body[0], For):
         return None
     loops = [k.body[0]]
@@ -56,30 +76,89 @@ def _match(k: Kernel):
         return None
     let, red, st = body
     if not (isinstance(let, Let) and let.dtype == "float32" and let.value == Const(0, "float32")
-            and isinstance(red, For) and trip_count(red) and red.lo == c(0) and isinstance(st, Store)):
+            and isinstance(red, For) and isinstance(st, Store)):
         return None
-    if len(red.body) != 1 or not isinstance(red.body[0], Assign) or red.body[0].name != let.name:
+    rloops = [red]
+    while len(rloops[-1].body) == 1 and isinstance(rloops[-1].body[0], For):
+        rloops.append(rloops[-1].body[0])
+    if not all(trip_count(f) and f.lo == c(0) and not f.parallel for f in rloops):
         return None
-    v = red.body[0].value
+    inner = rloops[-1].body
+    cond = None
+    if len(inner) == 1 and isinstance(inner[0], If) and not inner[0].orelse:
+        cond, inner = inner[0].cond, inner[0].then
+    if len(inner) != 1 or not isinstance(inner[0], Assign) or inner[0].name != let.name:
+        return None
+    v = inner[0].value
     if not (isinstance(v, Op) and v.fn == "add" and v.args[0] == Var(let.name, "float32")
             and isinstance(v.args[1], Op) and v.args[1].fn == "mul"):
         return None
-    x, y = v.args[1].args
-    if not (isinstance(x, Load) and isinstance(y, Load)):
+    ops = v.args[1].args
+    if not all(isinstance(o, Load) and linear_form(o.index) is not None for o in ops):
         return None
-    i, j = loops[-2].var, loops[-1].var
-    fx, fy = linear_form(x.index), linear_form(y.index)
-    if fx is None or fy is None:
-        return None
-    if fx[0].get(j, 0) == 0 and fy[0].get(i, 0) == 0:
-        a, b = x, y
-    elif fy[0].get(j, 0) == 0 and fx[0].get(i, 0) == 0:
-        a, b = y, x
-    else:
-        return None
-    if any(isinstance(e, Var) and e.name == let.name for e in walk_exprs(st.index)):
-        return None
-    return loops, let, red, st, a, b
+    rvars = [f.var for f in rloops]
+    for x, y in (ops, ops[::-1]):
+        fx, fy = linear_form(x.index)[0], linear_form(y.index)[0]
+        # j loops: the trailing band loops X does not depend on; i: the loop before them
+        q = 0
+        while q < len(loops) - 1 and fx.get(loops[-1 - q].var, 0) == 0:
+            q += 1
+        if q == 0:
+            continue
+        iloop, jloops = loops[-1 - q], loops[len(loops) - q:]
+        if fy.get(iloop.var, 0) != 0 or fx.get(iloop.var, 0) == 0:
+            continue
+        if cond is not None and _uses(cond, {iloop.var}):
+            continue
+        if not _contiguous(fx, rvars, rloops):
+            continue
+        if _uses(st.index, {let.name}):
+            return None
+        return _Nest(loops[:len(loops) - q - 1], iloop, jloops, rloops, let.name, cond, x, y, st)
+    return None
+
+
+def _contiguous(coefs: dict[str, int], names: list[str], loops: list[For]) -> bool:
+    """Whether a linear form walks the loops ``names`` (outermost first) as one contiguous range."""
+    stride = 1
+    for v, f in reversed(list(zip(names, loops))):
+        if coefs.get(v, 0) != stride:
+            return False
+        stride *= trip_count(f)
+    return True
+
+
+def _flat(names: list[str], loops: list[For], flat: Expr) -> dict[str, Expr]:
+    """Each loop variable of a coalesced group as a function of the group's flat index."""
+    out, stride = {}, 1
+    for v, f in reversed(list(zip(names, loops))):
+        n = trip_count(f)
+        e = Op("floordiv", (flat, c(stride)), "int64") if stride > 1 else flat
+        out[v] = Op("remainder", (e, c(n)), "int64") if f is not loops[0] else e
+        stride *= n
+    return out
+
+
+def _in_group(e: Expr, names: list[str], loops: list[For], flat: Expr) -> Expr:
+    """``e`` with the group's variables replaced by the flat index: loads that walk the group
+    contiguously (times a scale) get ``scale * flat``; anything else gets div/mod."""
+    decomp = _flat(names, loops, flat)
+
+    def fix(x):
+        if isinstance(x, Load):
+            lf = linear_form(x.index)
+            if lf is not None:
+                ks = [lf[0].get(v, 0) for v in names]
+                last = ks[-1]
+                rest = {v: k for v, k in lf[0].items() if v not in names}
+                if last and _contiguous({v: k // last for v, k in zip(names, ks) if k % last == 0}, names, loops) \
+                        and all(k % last == 0 for k in ks):
+                    return replace(x, index=add(to_expr(rest, lf[1]), mul(flat, c(last))))
+            return replace(x, index=subst_vars(x.index, decomp))
+        return x
+
+    e = map_expr(e, fix)
+    return subst_vars(e, decomp)
 
 
 def tile_contractions(p: Program, target: Target) -> Program:
@@ -89,86 +168,131 @@ def tile_contractions(p: Program, target: Target) -> Program:
     kernels: list[Kernel] = []
     buffers = list(p.buffers)
     for k in p.kernels:
-        m = _match(k)
-        if m is None:
-            kernels.append(k)
-            continue
-        loops, let, red, st, a, b = m
-        iloop, jloop = loops[-2], loops[-1]
-        M, N, K = trip_count(iloop), trip_count(jloop), trip_count(red)
-        batch = loops[:-2]
-        if M < mr or N < nr or M * N * K < MIN_WORK:
+        n = _match(k)
+        M = trip_count(n.iloop) if n else 0
+        N = K = 1
+        if n:
+            for f in n.jloops:
+                N *= trip_count(f)
+            for f in n.rloops:
+                K *= trip_count(f)
+        if n is None or M < mr or N < nr or M * N * K < MIN_WORK:
             kernels.append(k)
             continue
         MI, NJ = M // mr, N // nr
-        i, j, r = iloop.var, jloop.var, red.var
-        # ---- pack Y into Yp[bl][jo][r][nr] (per batch iteration only if Y depends on it)
-        fb = linear_form(b.index)[0]
-        bdeps = [f for f in batch if fb.get(f.var, 0) != 0]
+        i = n.iloop.var
+        jn, rn = [f.var for f in n.jloops], [f.var for f in n.rloops]
+        J, R = Var("jflat"), Var("rflat")
+        # ---- pack Y (and the condition) into Yp[bl][jo][R][nr]
+        fy = linear_form(n.y.index)[0]
+        cond_vars = {v.name for v in walk_exprs(n.cond) if isinstance(v, Var)} if n.cond is not None else set()
+        bdeps = [f for f in n.batch if fy.get(f.var, 0) != 0 or f.var in cond_vars]
         nbatch = 1
         for f in bdeps:
             nbatch *= trip_count(f)
-        pk = f"pk{sum(1 for x in buffers if x.name.startswith('pk'))}"  # the packed panels (a temp in the arena)
+        pk = f"pk{sum(1 for x in buffers if x.name.startswith('pk'))}"  # packed panels (a temp in the arena)
         buffers.append(Buffer(pk, "float32", nbatch * NJ * K * nr, "temp"))
         bl: Expr = c(0)
         for f in bdeps:
             bl = add(mul(bl, c(trip_count(f))), Var(f.var))
         jo, io, jj, ii = "jo", "io", "jj", "ii"
-        pidx = add(mul(add(mul(add(mul(bl, c(NJ)), Var(jo)), c(K)), Var(r)), c(nr)), Var(jj))
-        pval = subst_vars(b, {j: add(mul(Var(jo), c(nr)), Var(jj)), i: c(0)})
-        pnest: Stmt = For(jo, c(0), c(NJ), (For(r, c(0), c(K), (For(jj, c(0), c(nr), (Store(pk, pidx, pval),)),)),),
-                          parallel=True)
+        jdec = _flat(jn, n.jloops, add(mul(Var(jo), c(nr)), Var(jj)))
+        rflat = to_expr({v: s for v, s in zip(rn, _strides(n.rloops))}, 0)
+        pidx = add(mul(add(mul(add(mul(bl, c(NJ)), Var(jo)), c(K)), rflat), c(nr)), Var(jj))
+        pval: Expr = subst_vars(n.y, {**jdec, i: c(0)})
+        if n.cond is not None:
+            pval = Op("where", (subst_vars(n.cond, {**jdec, i: c(0)}), pval, Const(0.0, "float32")), "float32")
+        pbody: Stmt = For(jj, c(0), c(nr), (Store(pk, pidx, pval),))
+        for f in reversed(n.rloops):
+            pbody = replace(f, body=(pbody,))
+        pnest: Stmt = For(jo, c(0), c(NJ), (pbody,), parallel=True)
         for f in reversed(bdeps):
             pnest = replace(f, body=(pnest,))
-        kernels.append(Kernel(f"{k.name}_pack", (pnest,), f"pack {b.buf} for {k.origin}"[:160]))
-        # ---- main nest over full tiles
-        ivar = add(mul(Var(io), c(mr)), Var(ii))
-        accs = [[f"acc{x}_{y}" for y in range(nv)] for x in range(mr)]  # (C names b<n> are buffers)
-        inner: list[Stmt] = []
-        panel = mul(add(mul(add(mul(bl, c(NJ)), Var(jo)), c(K)), Var(r)), c(nr))  # Yp[bl][jo][r][0]
-        for y in range(nv):
-            inner.append(Let(f"yv{y}", vt, Load(pk, add(panel, c(y * vw)), vt)))
-        for x in range(mr):
-            inner.append(Let(f"xs{x}", "float32", subst_vars(a, {i: add(mul(Var(io), c(mr)), c(x)), j: c(0)})))
-            for y in range(nv):
-                prod = Op("mul", (Op("broadcast", (Var(f"xs{x}", "float32"),), vt), Var(f"yv{y}", vt)), vt)
-                inner.append(Assign(accs[x][y], Op("add", (Var(accs[x][y], vt), prod), vt)))
-        tile = "ctile"
-        body: list[Stmt] = [Alloc(tile, "float32", mr * nr)]
-        body += [Let(accs[x][y], vt, Op("broadcast", (Const(0.0, "float32"),), vt)) for x in range(mr) for y in range(nv)]
-        body.append(For(r, c(0), c(K), tuple(inner)))
-        body += [Store(tile, c(x * nr + y * vw), Var(accs[x][y], vt)) for x in range(mr) for y in range(nv)]
-        jvar = add(mul(Var(jo), c(nr)), Var(jj))
-        tval = Load(tile, add(mul(Var(ii), c(nr)), Var(jj)), "float32")
-        epi_val = subst_vars(_replace_var(st.value, let.name, tval), {i: ivar, j: jvar})
-        epi = Store(st.buf, subst_vars(st.index, {i: ivar, j: jvar}), epi_val)
-        body.append(For(ii, c(0), c(mr), (For(jj, c(0), c(nr), (epi,)),)))
-        main: Stmt = For(jo, c(0), c(NJ), (For(io, c(0), c(MI), tuple(body), parallel=True),), parallel=True)
-        for f in reversed(batch):
-            main = replace(f, body=(main,))
+        kernels.append(Kernel(f"{k.name}_pack", (pnest,), f"pack {n.y.buf} for {k.origin}"[:160]))
+        # ---- main nest over full tiles; the rows left over get a narrower tile on the same panels
+        main = _tile_nest(n, mr, nv, vw, vt, pk, bl, NJ, K, c(0), MI, R)
         roots = [main]
-        # ---- partial tiles: the original nest on the rows and columns left over
         if M % mr:
-            roots.append(_restrict(k.body[0], iloop, c(MI * mr), iloop.hi, None))
+            roots.append(_tile_nest(n, M % mr, nv, vw, vt, pk, bl, NJ, K, c(MI * mr), 1, R))
+        # ---- partial tiles: the original nest on the pixels left over
         if N % nr:
-            roots.append(_restrict(k.body[0], iloop, c(0), c(MI * mr), (jloop, c(NJ * nr), jloop.hi)))
+            roots.append(_rest_columns(k.body[0], n, n.iloop.hi, NJ * nr, J))
         kernels.append(replace(k, body=tuple(roots)))
     return replace(p, kernels=tuple(kernels), buffers=tuple(buffers))
 
 
-def _replace_var(e: Expr, name: str, by: Expr) -> Expr:
-    from .fusion_util import map_expr
+def _tile_nest(n: _Nest, mr: int, nv: int, vw: int, vt: str, pk: str, bl: Expr, NJ: int, K: int, i0: Expr,
+               MI: int, R: Var) -> Stmt:
+    """for p..., jo < NJ, io < MI: an mr x (nv*vw) tile of rows i0 + io*mr + [0, mr)."""
+    nr = nv * vw
+    i = n.iloop.var
+    jn = [f.var for f in n.jloops]
+    rn = [f.var for f in n.rloops]
+    jo, io, jj, ii = "jo", "io", "jj", "ii"
+    accs = [[f"acc{x}_{y}" for y in range(nv)] for x in range(mr)]  # (C names b<n> are buffers)
+    panel = mul(add(mul(add(mul(bl, c(NJ)), Var(jo)), c(K)), R), c(nr))  # Yp[bl][jo][R][0]
+    inner: list[Stmt] = [Let(f"yv{y}", vt, Load(pk, add(panel, c(y * vw)), vt)) for y in range(nv)]
+    xr = _in_group(n.x, rn, n.rloops, R)
+    row0 = add(i0, mul(Var(io), c(mr)))
+    for x in range(mr):
+        inner.append(Let(f"xs{x}", "float32", subst_vars(xr, {i: add(row0, c(x))})))
+        for y in range(nv):
+            prod = Op("mul", (Op("broadcast", (Var(f"xs{x}", "float32"),), vt), Var(f"yv{y}", vt)), vt)
+            inner.append(Assign(accs[x][y], Op("add", (Var(accs[x][y], vt), prod), vt)))
+    tile = "ctile"
+    body: list[Stmt] = [Alloc(tile, "float32", mr * nr)]
+    body += [Let(accs[x][y], vt, Op("broadcast", (Const(0.0, "float32"),), vt)) for x in range(mr) for y in range(nv)]
+    body.append(For(R.name, c(0), c(K), tuple(inner)))
+    body += [Store(tile, c(x * nr + y * vw), Var(accs[x][y], vt)) for x in range(mr) for y in range(nv)]
+    ivar = add(row0, Var(ii))
+    jvar = add(mul(Var(jo), c(nr)), Var(jj))
+    tval = Load(tile, add(mul(Var(ii), c(nr)), Var(jj)), "float32")
+    value = map_expr(n.store.value, lambda e: tval if isinstance(e, Var) and e.name == n.acc else e)
+    epi = Store(n.store.buf, subst_vars(_in_group(Load("_", n.store.index, "float32"), jn, n.jloops, jvar).index,
+                                        {i: ivar}),
+                subst_vars(_in_group(value, jn, n.jloops, jvar), {i: ivar}))
+    body.append(For(ii, c(0), c(mr), (For(jj, c(0), c(nr), (epi,)),)))
+    main: Stmt = For(jo, c(0), c(NJ), (For(io, c(0), c(MI), tuple(body), parallel=True),), parallel=True)
+    for f in reversed(n.batch):
+        main = replace(f, body=(main,))
+    return main
 
-    return map_expr(e, lambda x: by if isinstance(x, Var) and x.name == name else x)
+
+def _strides(loops: list[For]) -> list[int]:
+    out, s = [], 1
+    for f in reversed(loops):
+        out.append(s)
+        s *= trip_count(f)
+    return out[::-1]
 
 
-def _restrict(root: For, iloop: For, lo: Expr, hi: Expr, jrange) -> For:
+def _restrict(root: For, var: str, lo: Expr, hi: Expr) -> For:
     def go(f: For) -> For:
-        if f.var == iloop.var:
+        if f.var == var:
             f = replace(f, lo=lo, hi=hi)
-        if jrange is not None and f.var == jrange[0].var:
-            f = replace(f, lo=jrange[1], hi=jrange[2])
         if len(f.body) == 1 and isinstance(f.body[0], For):
             return replace(f, body=(go(f.body[0]),))
         return f
+    return go(root)
+
+
+def _rest_columns(root: For, n: _Nest, ihi: Expr, jstart: int, J: Var) -> For:
+    """The original nest for rows [0, ihi) and flat pixels [jstart, N): the j loops become one
+    flat loop from jstart, their variables recomputed from it."""
+    N = 1
+    for f in n.jloops:
+        N *= trip_count(f)
+    jn = [f.var for f in n.jloops]
+    dec = _flat(jn, n.jloops, J)
+
+    def go(f: For) -> For:
+        if f.var == n.iloop.var:
+            f = replace(f, hi=ihi)
+        if f.var == jn[0]:
+            inner = f
+            for _ in jn[1:]:
+                inner = inner.body[0]
+            lets = [Let(v, "int64", dec[v]) for v in jn]
+            return For(J.name, c(jstart), c(N), tuple(lets) + inner.body, parallel=True)
+        return replace(f, body=(go(f.body[0]),))
     return go(root)

@@ -1,0 +1,51 @@
+"""The machine's measured FMA peak: a tiny generated C loop of independent vector FMAs,
+compiled with the same compiler and flags as the kernels, run on every thread."""
+from __future__ import annotations
+
+import ctypes
+import os
+import subprocess
+import tempfile
+
+from ..options import Options
+from ..target import Target, detect
+
+_SRC = r"""
+#include <omp.h>
+typedef float vf __attribute__((vector_size(%(vb)d)));
+double pt_peak(long iters, int threads) {
+  double t0 = omp_get_wtime();
+  float sink = 0;
+  #pragma omp parallel num_threads(threads) reduction(+:sink)
+  {
+    vf a[%(acc)d], b, c;
+    for (int i = 0; i < %(lanes)d; ++i) { b[i] = 1.0f - 1e-7f * i; c[i] = 1e-9f; }
+    for (int j = 0; j < %(acc)d; ++j) a[j] = b * (float)(j + 1);
+    for (long n = 0; n < iters; ++n) {
+      for (int j = 0; j < %(acc)d; ++j) a[j] = a[j] * b + c;
+    }
+    for (int j = 0; j < %(acc)d; ++j) for (int i = 0; i < %(lanes)d; ++i) sink += a[j][i];
+  }
+  double dt = omp_get_wtime() - t0;
+  return sink == 12345.0f ? 0 : 2.0 * %(lanes)d * %(acc)d * (double)iters * threads / dt;
+}
+"""
+
+
+def fma_peak(threads: int, target: Target | None = None, options: Options | None = None,
+             iters: int = 20_000_000) -> float:
+    """FLOP/s of the FMA loop on ``threads`` threads (best of three)."""
+    t = target or detect()
+    o = options or Options()
+    acc = max(8, t.vector_registers - 4)
+    src = _SRC % {"vb": t.vector_bytes, "lanes": t.lanes(4), "acc": acc}
+    with tempfile.TemporaryDirectory(prefix="polytile-peak-") as d:
+        c, so = os.path.join(d, "peak.c"), os.path.join(d, "peak.so")
+        with open(c, "w") as f:
+            f.write(src)
+        subprocess.run([o.cc, *o.cflags, "-fopenmp", "-shared", "-fPIC", c, "-o", so], check=True,
+                       capture_output=True)
+        lib = ctypes.CDLL(so)
+        lib.pt_peak.restype = ctypes.c_double
+        lib.pt_peak.argtypes = [ctypes.c_long, ctypes.c_int]
+        return max(lib.pt_peak(iters, threads) for _ in range(3))
