@@ -24,6 +24,8 @@ def main(argv: list[str] | None = None) -> int:
     m.add_argument("--no-inductor", action="store_true")
     m.add_argument("--models-csv", default=None, help="default: ../shared/bench/models.csv")
     m.add_argument("--out", default="bench-out", help="folder for report.md, results.json, speedup.png")
+    m.add_argument("--options", default=None, metavar="JSON",
+                   help='extra polytile options, e.g. \'{"fusion": false}\' for an ablation')
     f = b.add_parser("fusion", help="memory-bound workloads: polytile with/without fusion vs eager and Inductor")
     f.add_argument("--threads", type=int, default=2)
     f.add_argument("--rounds", type=int, default=20)
@@ -71,8 +73,13 @@ def _bench_models(a, argv) -> int:
     def save(results):  # rewrite the report after every model: a long run leaves partial results
         report.write_report(results, env, a.out, command)
 
+    import json
+
+    extra = json.loads(a.options) if a.options else None
+    if extra:
+        env["polytile options"] = extra
     results = suite.run_suite(specs, batch=a.batch, threads=a.threads, rounds=a.rounds, time_budget_s=a.budget,
-                              inductor=not a.no_inductor, on_result=save)
+                              inductor=not a.no_inductor, on_result=save, options=extra)
     paths = report.write_report(results, env, a.out, command)
     print(report.summary(results))
     for k, v in paths.items():

@@ -54,7 +54,7 @@ def _short(e: BaseException) -> str:
 
 
 def run_model(spec: zoo.ModelSpec, *, batch: int | None = None, threads: int = 2, rounds: int = 10,
-              time_budget_s: float = 60.0, inductor: bool = True) -> ModelResult:
+              time_budget_s: float = 60.0, inductor: bool = True, options: dict | None = None) -> ModelResult:
     import polytile
 
     res = ModelResult(spec.suite, spec.name, batch or spec.batch)
@@ -74,7 +74,7 @@ def run_model(spec: zoo.ModelSpec, *, batch: int | None = None, threads: int = 2
             res.status, res.error = "fail_eager", _short(e)
             return res
         try:
-            compiled = torch.compile(w.model, backend="polytile", options={"threads": threads})
+            compiled = torch.compile(w.model, backend="polytile", options={"threads": threads, **(options or {})})
             t0 = time.perf_counter()
             out = w(compiled)
             res.compile_s = time.perf_counter() - t0
@@ -132,7 +132,7 @@ def environment() -> dict[str, Any]:
 
 def run_suite(specs: list[zoo.ModelSpec], *, batch: int | None = None, threads: int = 2, rounds: int = 10,
               time_budget_s: float = 60.0, inductor: bool = True, progress: bool = True,
-              on_result=None) -> list[ModelResult]:
+              on_result=None, options: dict | None = None) -> list[ModelResult]:
     torch.set_num_threads(threads)
     try:
         from tqdm import tqdm
@@ -145,7 +145,7 @@ def run_suite(specs: list[zoo.ModelSpec], *, batch: int | None = None, threads: 
             bar.set_description(spec.name)
         try:
             r = run_model(spec, batch=batch, threads=threads, rounds=rounds, time_budget_s=time_budget_s,
-                          inductor=inductor)
+                          inductor=inductor, options=options)
         except Exception as e:  # never stop the suite
             r = ModelResult(spec.suite, spec.name, batch or spec.batch, status="fail_compile",
                             error=_short(e) + " | " + traceback.format_exc(limit=2).replace("\n", " ")[-200:])
