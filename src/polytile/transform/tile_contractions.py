@@ -202,10 +202,18 @@ def tile_contractions(p: Program, target: Target) -> Program:
         pval: Expr = subst_vars(n.y, {**jdec, i: c(0)})
         if n.cond is not None:
             pval = Op("where", (subst_vars(n.cond, {**jdec, i: c(0)}), pval, Const(0.0, "float32")), "float32")
+        pre: list[Stmt] = []
+        if len(jn) > 1:  # coalesced pixels: their (oh, ow, ...) computed once per panel, not per element
+            pre = [Alloc(f"{v}_of", "int64", nr) for v in jn]
+            pre.append(For(jj, c(0), c(nr), tuple(Store(f"{v}_of", Var(jj), jdec[v]) for v in jn)))
+            look = {v: Load(f"{v}_of", Var(jj), "int64") for v in jn}
+            pval = subst_vars(n.y, {**look, i: c(0)})
+            if n.cond is not None:
+                pval = Op("where", (subst_vars(n.cond, {**look, i: c(0)}), pval, Const(0.0, "float32")), "float32")
         pbody: Stmt = For(jj, c(0), c(nr), (Store(pk, pidx, pval),))
         for f in reversed(n.rloops):
             pbody = replace(f, body=(pbody,))
-        pnest: Stmt = For(jo, c(0), c(NJ), (pbody,), parallel=True)
+        pnest: Stmt = For(jo, c(0), c(NJ), tuple(pre) + (pbody,), parallel=True)
         for f in reversed(bdeps):
             pnest = replace(f, body=(pnest,))
         kernels.append(Kernel(f"{k.name}_pack", (pnest,), f"pack {n.y.buf} for {k.origin}"[:160]))
