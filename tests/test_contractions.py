@@ -51,6 +51,9 @@ CASES = {
     "baddbmm": (lambda c, a, b: torch.baddbmm(c, a, b, beta=0.5, alpha=2.0),
                 lambda: (torch.randn(2, 14, 18), torch.randn(2, 14, 9), torch.randn(2, 9, 18))),
     "transposed_a": (lambda a, b: a.t() @ b, lambda: (torch.randn(40, 23), torch.randn(40, 31))),
+    "transposed_a_batched": (lambda a, b: a.transpose(-1, -2) @ b, lambda: (torch.randn(3, 33, 20), torch.randn(3, 33, 40))),
+    "mixer_token_mlp": (lambda x, w, b: F.linear(x.transpose(1, 2), w, b).transpose(1, 2),
+                        lambda: (torch.randn(2, 49, 24), torch.randn(30, 49), torch.randn(30))),
     "residual_relu_epilogue": (lambda x, w, r: F.relu(x @ w + r), lambda: (torch.randn(20, 24), torch.randn(24, 40),
                                                                            torch.randn(20, 40))),
     "attention_scores": (lambda q, k: torch.softmax(q @ k.transpose(-1, -2) / 8.0, -1),
@@ -126,6 +129,13 @@ def test_tiled_ir_structure():
     roots = [s for s in main.body if isinstance(s, For)]
     assert len(roots) == 3  # full tiles, rows left over (64 % 6), columns left over (40 % 16)
     assert roots[0].omp >= 1  # the tile loops run under OpenMP
+
+
+def test_transposed_row_operand_is_packed():
+    b = GraphBuilder()
+    a, w = b.input(0, [48, 64], F32), b.input(1, [48, 40], F32)
+    p = _pipeline(build(b.graph([b.matmul(b.transpose(a, 0, 1), w)])), target={"vector_bytes": 32, "vector_registers": 16})
+    assert [k.name.rsplit("_", 1)[-1] for k in p.kernels] == ["pack", "packx", "matmul"]
 
 
 def test_tile_sizes_follow_the_target():

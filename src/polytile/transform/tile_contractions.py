@@ -54,7 +54,7 @@ class _Nest:
     rloops: list[For]
     acc: str
     cond: Expr | None
-    x: Load  # invariant in the j loops, contiguous over the r loops
+    x: Load  # invariant in the j loops (packed too unless contiguous over the r loops)
     y: Load  # invariant in i
     store: Store
 
@@ -109,8 +109,6 @@ def _match(k: Kernel) -> _Nest | None:
         if fy.get(iloop.var, 0) != 0 or fx.get(iloop.var, 0) == 0:
             continue
         if cond is not None and _uses(cond, {iloop.var}):
-            continue
-        if not _contiguous(fx, rvars, rloops):
             continue
         if _uses(st.index, {let.name}):
             return None
@@ -218,10 +216,36 @@ def tile_contractions(p: Program, target: Target) -> Program:
             pnest = replace(f, body=(pnest,))
         kernels.append(Kernel(f"{k.name}_pack", (pnest,), f"pack {n.y.buf} for {k.origin}"[:160]))
         # ---- main nest over full tiles; the rows left over get a narrower tile on the same panels
-        main = _tile_nest(n, mr, nv, vw, vt, pk, bl, NJ, K, c(0), MI, R)
+        xpack = None
+        fx = linear_form(n.x.index)[0]
+        if not _contiguous(fx, rn, n.rloops):
+            # the row operand is strided along the reduction (a transposed A): pack it into
+            # Xp[bx][tile][R][mr] too, rows past M left out (the tail tile reads only its rows)
+            xdeps = [f for f in n.batch if fx.get(f.var, 0) != 0]
+            nbx = 1
+            for f in xdeps:
+                nbx *= trip_count(f)
+            mt = MI + (1 if M % mr else 0)
+            xb = f"pk{sum(1 for x in buffers if x.name.startswith('pk'))}"
+            buffers.append(Buffer(xb, "float32", nbx * mt * K * mr, "temp"))
+            xbl: Expr = c(0)
+            for f in xdeps:
+                xbl = add(mul(xbl, c(trip_count(f))), Var(f.var))
+            row = add(mul(Var("it"), c(mr)), Var(ii))
+            xidx = add(mul(add(mul(add(mul(xbl, c(mt)), Var("it")), c(K)), rflat), c(mr)), Var(ii))
+            xbody: Stmt = If(Op("lt", (row, c(M)), "bool"), (Store(xb, xidx, subst_vars(n.x, {i: row})),))
+            xbody = For(ii, c(0), c(mr), (xbody,))
+            for f in reversed(n.rloops):
+                xbody = replace(f, body=(xbody,))
+            xnest: Stmt = For("it", c(0), c(mt), (xbody,), parallel=True)
+            for f in reversed(xdeps):
+                xnest = replace(f, body=(xnest,))
+            kernels.append(Kernel(f"{k.name}_packx", (xnest,), f"pack {n.x.buf} for {k.origin}"[:160]))
+            xpack = (xb, xbl, mt, mr)
+        main = _tile_nest(n, mr, nv, vw, vt, pk, bl, NJ, K, c(0), MI, R, xpack)
         roots = [main]
         if M % mr:
-            roots.append(_tile_nest(n, M % mr, nv, vw, vt, pk, bl, NJ, K, c(MI * mr), 1, R))
+            roots.append(_tile_nest(n, M % mr, nv, vw, vt, pk, bl, NJ, K, c(MI * mr), 1, R, xpack))
         # ---- partial tiles: the original nest on the pixels left over
         if N % nr:
             roots.append(_rest_columns(k.body[0], n, n.iloop.hi, NJ * nr, J))
@@ -230,8 +254,9 @@ def tile_contractions(p: Program, target: Target) -> Program:
 
 
 def _tile_nest(n: _Nest, mr: int, nv: int, vw: int, vt: str, pk: str, bl: Expr, NJ: int, K: int, i0: Expr,
-               MI: int, R: Var) -> Stmt:
-    """for p..., jo < NJ, io < MI: an mr x (nv*vw) tile of rows i0 + io*mr + [0, mr)."""
+               MI: int, R: Var, xpack=None) -> Stmt:
+    """for p..., jo < NJ, io < MI: an mr x (nv*vw) tile of rows i0 + io*mr + [0, mr).
+    ``xpack`` = (buffer, batch index, tiles, row width): read X from its packed panels."""
     nr = nv * vw
     i = n.iloop.var
     jn = [f.var for f in n.jloops]
@@ -243,7 +268,14 @@ def _tile_nest(n: _Nest, mr: int, nv: int, vw: int, vt: str, pk: str, bl: Expr, 
     xr = _in_group(n.x, rn, n.rloops, R)
     row0 = add(i0, mul(Var(io), c(mr)))
     for x in range(mr):
-        inner.append(Let(f"xs{x}", "float32", subst_vars(xr, {i: add(row0, c(x))})))
+        if xpack is not None:
+            xb, xbl, mt, mrf = xpack
+            tidx = add(Op("floordiv", (i0, c(mrf)), "int64") if not isinstance(i0, Const) else c(i0.value // mrf),
+                       Var(io))
+            xval: Expr = Load(xb, add(mul(add(mul(add(mul(xbl, c(mt)), tidx), c(K)), R), c(mrf)), c(x)), "float32")
+        else:
+            xval = subst_vars(xr, {i: add(row0, c(x))})
+        inner.append(Let(f"xs{x}", "float32", xval))
         for y in range(nv):
             prod = Op("mul", (Op("broadcast", (Var(f"xs{x}", "float32"),), vt), Var(f"yv{y}", vt)), vt)
             inner.append(Assign(accs[x][y], Op("add", (Var(accs[x][y], vt), prod), vt)))
