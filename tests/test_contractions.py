@@ -29,7 +29,9 @@ def _compile(fn, args, **opts):
 
 
 SHAPES = [(1, 1, 1), (7, 13, 5), (6, 16, 8), (12, 32, 64), (13, 17, 19), (97, 101, 103), (1000, 33, 7),
-          (64, 1031, 16), (31, 48, 1)]
+          (64, 1031, 16), (31, 48, 1),
+          # few columns: the dot form (reduction vectorized), K with and without a lane tail
+          (300, 1, 64), (77, 3, 129), (64, 4, 100), (45, 5, 37), (19, 9, 256), (1, 2, 5000)]
 
 
 @pytest.mark.parametrize("m,n,k", SHAPES, ids=[f"{m}x{n}x{k}" for m, n, k in SHAPES])
@@ -56,6 +58,9 @@ CASES = {
                         lambda: (torch.randn(2, 49, 24), torch.randn(30, 49), torch.randn(30))),
     "residual_relu_epilogue": (lambda x, w, r: F.relu(x @ w + r), lambda: (torch.randn(20, 24), torch.randn(24, 40),
                                                                            torch.randn(20, 40))),
+    "linear_two_outputs_bias_sigmoid": (lambda x, w, b: torch.sigmoid(F.linear(x, w, b)),
+                                        lambda: (torch.randn(70, 300), torch.randn(2, 300), torch.randn(2))),
+    "bmm_matrix_vector": (torch.bmm, lambda: (torch.randn(3, 40, 57), torch.randn(3, 57, 3))),
     "attention_scores": (lambda q, k: torch.softmax(q @ k.transpose(-1, -2) / 8.0, -1),
                          lambda: (torch.randn(2, 4, 19, 16), torch.randn(2, 4, 21, 16))),
 }
@@ -169,3 +174,18 @@ def test_target_detection_and_overrides():
         resolve({"vector_width": 16})
     with pytest.raises(Exception, match="valid fields"):  # dynamo wraps the backend's ValueError
         torch.compile(torch.mm, backend="polytile", options={"target": {"nope": 1}})(torch.ones(2, 2), torch.ones(2, 2))
+
+
+def test_few_columns_use_the_dot_form():
+    b = GraphBuilder()
+    x, w = b.input(0, [64, 100], F32), b.input(1, [100, 3], F32)
+    p = _pipeline(build(b.graph([b.matmul(x, w)])), target={"vector_bytes": 32, "vector_registers": 16})
+    assert [k.name.endswith("_pack") for k in p.kernels] == [True, False]
+    main = p.kernels[1]
+    vec_loads = [e for s in walk_stmts(main.body) for e in _exprs(s) if isinstance(e, Load) and lanes(e.dtype) > 1]
+    # the reduction is vectorized: both operands loaded 8 lanes at a time along K
+    bufs = {e.buf for e in vec_loads}
+    assert len(bufs) == 2 and sum(b.startswith("pk") for b in bufs) == 1
+    assert all(e.dtype == "float32x8" for e in vec_loads)
+    # 64 rows in tiles of 4 (3 columns: 12 accumulators), no rows or columns left over
+    assert any(isinstance(s, Alloc) and s.size == 4 * 3 * 8 for s in walk_stmts(main.body))
