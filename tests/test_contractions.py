@@ -132,7 +132,10 @@ def test_tiled_ir_structure():
     assert vec_loads and all(e.dtype == "float32x8" for e in vec_loads)
     assert any(isinstance(s, Alloc) and s.size == 6 * 16 for s in walk_stmts(main.body))  # 6 x 16 register tile
     roots = [s for s in main.body if isinstance(s, For)]
-    assert len(roots) == 3  # full tiles, rows left over (64 % 6), columns left over (40 % 16)
+    # full tiles, rows left over (64 % 6); the same two on the partial last panel (40 % 16 columns)
+    assert len(roots) == 4
+    stored = [[s.hi.value for s in walk_stmts([r]) if isinstance(s, For) and s.var == "jj"] for r in roots]
+    assert [w[-1] for w in stored] == [16, 16, 8, 8]  # the partial panel's tiles store its 8 columns only
     assert roots[0].omp >= 1  # the tile loops run under OpenMP
 
 

@@ -20,8 +20,9 @@ one loop R (X must be contiguous over the r loops). It becomes
              MR x NV vector accumulators (scalar replacement; i unrolled and jammed)
              for R: NV vector loads of Yp, MR scalar loads of X, MR*NV broadcast FMAs
              tile -> local array; epilogue loop over the tile (vectorized by the C compiler)
-    rest:  the original nest over rows (i >= MI*MR) and pixels (J >= NJ*NR) that do not
-           fill a register tile (partial tiles, no padding copies)
+    edges: rows left over (M % MR) get a narrower tile on the same panels; the last panel,
+           when N % NR != 0, is packed with zeros past N and its tile stores only the columns
+           that exist (partial tiles, no padding copies of the tensors)
 
 Few columns (N < NR, matrix-vector products) and X contiguous along R get the dot form
 instead: Y packed transposed, Yt[bl][J][R]; MD x ND vector accumulators over R (rows of X and
@@ -187,9 +188,11 @@ def tile_contractions(p: Program, target: Target) -> Program:
             kernels.append(k)
             continue
         MI, NJ = M // mr, N // nr
+        tail = N % nr  # the last panel is partial: packed with zeros past N, stored up to N
+        NJt = NJ + (1 if tail else 0)
         i = n.iloop.var
         jn, rn = [f.var for f in n.jloops], [f.var for f in n.rloops]
-        J, R = Var("jflat"), Var("rflat")
+        R = Var("rflat")
         # ---- pack Y (and the condition) into Yp[bl][jo][R][nr]
         fy = linear_form(n.y.index)[0]
         cond_vars = {v.name for v in walk_exprs(n.cond) if isinstance(v, Var)} if n.cond is not None else set()
@@ -198,14 +201,14 @@ def tile_contractions(p: Program, target: Target) -> Program:
         for f in bdeps:
             nbatch *= trip_count(f)
         pk = f"pk{sum(1 for x in buffers if x.name.startswith('pk'))}"  # packed panels (a temp in the arena)
-        buffers.append(Buffer(pk, "float32", nbatch * NJ * K * nr, "temp"))
+        buffers.append(Buffer(pk, "float32", nbatch * NJt * K * nr, "temp"))
         bl: Expr = c(0)
         for f in bdeps:
             bl = add(mul(bl, c(trip_count(f))), Var(f.var))
         jo, io, jj, ii = "jo", "io", "jj", "ii"
         jdec = _flat(jn, n.jloops, add(mul(Var(jo), c(nr)), Var(jj)))
         rflat = to_expr({v: s for v, s in zip(rn, _strides(n.rloops))}, 0)
-        pidx = add(mul(add(mul(add(mul(bl, c(NJ)), Var(jo)), c(K)), rflat), c(nr)), Var(jj))
+        pidx = add(mul(add(mul(add(mul(bl, c(NJt)), Var(jo)), c(K)), rflat), c(nr)), Var(jj))
         pval: Expr = subst_vars(n.y, {**jdec, i: c(0)})
         if n.cond is not None:
             pval = Op("where", (subst_vars(n.cond, {**jdec, i: c(0)}), pval, Const(0.0, "float32")), "float32")
@@ -217,13 +220,22 @@ def tile_contractions(p: Program, target: Target) -> Program:
             pval = subst_vars(n.y, {**look, i: c(0)})
             if n.cond is not None:
                 pval = Op("where", (subst_vars(n.cond, {**look, i: c(0)}), pval, Const(0.0, "float32")), "float32")
-        pbody: Stmt = For(jj, c(0), c(nr), (Store(pk, pidx, pval),))
-        for f in reversed(n.rloops):
-            pbody = replace(f, body=(pbody,))
-        pnest: Stmt = For(jo, c(0), c(NJ), tuple(pre) + (pbody,), parallel=True)
-        for f in reversed(bdeps):
-            pnest = replace(f, body=(pnest,))
-        kernels.append(Kernel(f"{k.name}_pack", (pnest,), f"pack {n.y.buf} for {k.origin}"[:160]))
+        pnests = []
+        for jlo, jhi, guard in ((0, NJ, False), (NJ, NJt, True)):
+            if jhi == jlo:
+                continue
+            st: Stmt = Store(pk, pidx, pval)
+            if guard:  # columns past N: zeros, their sources never read
+                jflat = add(mul(Var(jo), c(nr)), Var(jj))
+                st = If(Op("lt", (jflat, c(N)), "bool"), (st,), (Store(pk, pidx, Const(0.0, "float32")),))
+            pbody: Stmt = For(jj, c(0), c(nr), (st,))
+            for f in reversed(n.rloops):
+                pbody = replace(f, body=(pbody,))
+            pnest: Stmt = For(jo, c(jlo), c(jhi), tuple(pre) + (pbody,), parallel=not guard)
+            for f in reversed(bdeps):
+                pnest = replace(f, body=(pnest,))
+            pnests.append(pnest)
+        kernels.append(Kernel(f"{k.name}_pack", tuple(pnests), f"pack {n.y.buf} for {k.origin}"[:160]))
         # ---- main nest over full tiles; the rows left over get a narrower tile on the same panels
         xpack = None
         fx = linear_form(n.x.index)[0]
@@ -251,20 +263,22 @@ def tile_contractions(p: Program, target: Target) -> Program:
                 xnest = replace(f, body=(xnest,))
             kernels.append(Kernel(f"{k.name}_packx", (xnest,), f"pack {n.x.buf} for {k.origin}"[:160]))
             xpack = (xb, xbl, mt, mr)
-        main = _tile_nest(n, mr, nv, vw, vt, pk, bl, NJ, K, c(0), MI, R, xpack)
-        roots = [main]
-        if M % mr:
-            roots.append(_tile_nest(n, M % mr, nv, vw, vt, pk, bl, NJ, K, c(MI * mr), 1, R, xpack))
-        # ---- partial tiles: the original nest on the pixels left over
-        if N % nr:
-            roots.append(_rest_columns(k.body[0], n, n.iloop.hi, NJ * nr, J))
+        roots = []
+        for jlo, jhi, width in ((0, NJ, nr), (NJ, NJt, tail)):
+            if jhi == jlo:
+                continue
+            roots.append(_tile_nest(n, mr, nv, vw, vt, pk, bl, NJt, K, c(0), MI, R, xpack, (jlo, jhi, width)))
+            if M % mr:  # rows left over: a narrower tile on the same panels
+                roots.append(_tile_nest(n, M % mr, nv, vw, vt, pk, bl, NJt, K, c(MI * mr), 1, R, xpack,
+                                        (jlo, jhi, width)))
         kernels.append(replace(k, body=tuple(roots)))
     return replace(p, kernels=tuple(kernels), buffers=tuple(buffers))
 
 
 def _tile_nest(n: _Nest, mr: int, nv: int, vw: int, vt: str, pk: str, bl: Expr, NJ: int, K: int, i0: Expr,
-               MI: int, R: Var, xpack=None) -> Stmt:
-    """for p..., jo < NJ, io < MI: an mr x (nv*vw) tile of rows i0 + io*mr + [0, mr).
+               MI: int, R: Var, xpack, panels: tuple[int, int, int]) -> Stmt:
+    """for p..., jo in [lo, hi), io < MI: an mr x (nv*vw) tile of rows i0 + io*mr + [0, mr) on the NJ
+    packed panels; ``panels`` = (lo, hi, columns stored of each panel).
     ``xpack`` = (buffer, batch index, tiles, row width): read X from its packed panels."""
     nr = nv * vw
     i = n.iloop.var
@@ -300,8 +314,9 @@ def _tile_nest(n: _Nest, mr: int, nv: int, vw: int, vt: str, pk: str, bl: Expr, 
     epi = Store(n.store.buf, subst_vars(_in_group(Load("_", n.store.index, "float32"), jn, n.jloops, jvar).index,
                                         {i: ivar}),
                 subst_vars(_in_group(value, jn, n.jloops, jvar), {i: ivar}))
-    body.append(For(ii, c(0), c(mr), (For(jj, c(0), c(nr), (epi,)),)))
-    main: Stmt = For(jo, c(0), c(NJ), (For(io, c(0), c(MI), tuple(body), parallel=True),), parallel=True)
+    jlo, jhi, width = panels
+    body.append(For(ii, c(0), c(mr), (For(jj, c(0), c(width), (epi,)),)))
+    main: Stmt = For(jo, c(jlo), c(jhi), (For(io, c(0), c(MI), tuple(body), parallel=True),), parallel=True)
     for f in reversed(n.batch):
         main = replace(f, body=(main,))
     return main
@@ -313,38 +328,6 @@ def _strides(loops: list[For]) -> list[int]:
         out.append(s)
         s *= trip_count(f)
     return out[::-1]
-
-
-def _restrict(root: For, var: str, lo: Expr, hi: Expr) -> For:
-    def go(f: For) -> For:
-        if f.var == var:
-            f = replace(f, lo=lo, hi=hi)
-        if len(f.body) == 1 and isinstance(f.body[0], For):
-            return replace(f, body=(go(f.body[0]),))
-        return f
-    return go(root)
-
-
-def _rest_columns(root: For, n: _Nest, ihi: Expr, jstart: int, J: Var) -> For:
-    """The original nest for rows [0, ihi) and flat pixels [jstart, N): the j loops become one
-    flat loop from jstart, their variables recomputed from it."""
-    N = 1
-    for f in n.jloops:
-        N *= trip_count(f)
-    jn = [f.var for f in n.jloops]
-    dec = _flat(jn, n.jloops, J)
-
-    def go(f: For) -> For:
-        if f.var == n.iloop.var:
-            f = replace(f, hi=ihi)
-        if f.var == jn[0]:
-            inner = f
-            for _ in jn[1:]:
-                inner = inner.body[0]
-            lets = [Let(v, "int64", dec[v]) for v in jn]
-            return For(J.name, c(jstart), c(N), tuple(lets) + inner.body, parallel=True)
-        return replace(f, body=(go(f.body[0]),))
-    return go(root)
 
 
 def _dot_form(k: Kernel, n: _Nest, M: int, N: int, K: int, vw: int, regs: int, buffers: list) -> list[Kernel]:
