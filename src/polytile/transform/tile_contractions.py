@@ -42,6 +42,7 @@ from ..target import Target
 from .fusion_util import map_expr, subst_vars
 
 MIN_WORK = 32 * 32 * 32  # multiply-adds below which tiling is not worth a packing pass
+FUSED_PACK_MIN_PANELS = 8  # panels packed inside the panel loop only when there are this many to share
 
 
 def tile_sizes(t: Target) -> tuple[int, int, int]:
@@ -200,8 +201,14 @@ def tile_contractions(p: Program, target: Target) -> Program:
         nbatch = 1
         for f in bdeps:
             nbatch *= trip_count(f)
+        # each panel packed inside the panel loop, into a local buffer that stays in L2 for all the
+        # row tiles that use it (no round trip of the packed copy through memory), when it fits,
+        # there are panels enough to share among the cores and no batch loop would repack it
+        fused = (K * nr * 4 <= target.l2_bytes // 2 and NJt >= FUSED_PACK_MIN_PANELS
+                 and len(bdeps) == len(n.batch))
         pk = f"pk{sum(1 for x in buffers if x.name.startswith('pk'))}"  # packed panels (a temp in the arena)
-        buffers.append(Buffer(pk, "float32", nbatch * NJt * K * nr, "temp"))
+        if not fused:
+            buffers.append(Buffer(pk, "float32", nbatch * NJt * K * nr, "temp"))
         bl: Expr = c(0)
         for f in bdeps:
             bl = add(mul(bl, c(trip_count(f))), Var(f.var))
@@ -220,22 +227,27 @@ def tile_contractions(p: Program, target: Target) -> Program:
             pval = subst_vars(n.y, {**look, i: c(0)})
             if n.cond is not None:
                 pval = Op("where", (subst_vars(n.cond, {**look, i: c(0)}), pval, Const(0.0, "float32")), "float32")
-        pnests = []
-        for jlo, jhi, guard in ((0, NJ, False), (NJ, NJt, True)):
-            if jhi == jlo:
-                continue
-            st: Stmt = Store(pk, pidx, pval)
+        def pack(buf: str, idx: Expr, guard: bool) -> tuple[Stmt, ...]:
+            """Panel jo of Y into ``buf`` at ``idx``; with ``guard``, zeros past column N."""
+            st: Stmt = Store(buf, idx, pval)
             if guard:  # columns past N: zeros, their sources never read
                 jflat = add(mul(Var(jo), c(nr)), Var(jj))
-                st = If(Op("lt", (jflat, c(N)), "bool"), (st,), (Store(pk, pidx, Const(0.0, "float32")),))
+                st = If(Op("lt", (jflat, c(N)), "bool"), (st,), (Store(buf, idx, Const(0.0, "float32")),))
             pbody: Stmt = For(jj, c(0), c(nr), (st,))
             for f in reversed(n.rloops):
                 pbody = replace(f, body=(pbody,))
-            pnest: Stmt = For(jo, c(jlo), c(jhi), tuple(pre) + (pbody,), parallel=not guard)
-            for f in reversed(bdeps):
-                pnest = replace(f, body=(pnest,))
-            pnests.append(pnest)
-        kernels.append(Kernel(f"{k.name}_pack", tuple(pnests), f"pack {n.y.buf} for {k.origin}"[:160]))
+            return tuple(pre) + (pbody,)
+
+        if not fused:
+            pnests = []
+            for jlo, jhi, guard in ((0, NJ, False), (NJ, NJt, True)):
+                if jhi == jlo:
+                    continue
+                pnest: Stmt = For(jo, c(jlo), c(jhi), pack(pk, pidx, guard), parallel=not guard)
+                for f in reversed(bdeps):
+                    pnest = replace(f, body=(pnest,))
+                pnests.append(pnest)
+            kernels.append(Kernel(f"{k.name}_pack", tuple(pnests), f"pack {n.y.buf} for {k.origin}"[:160]))
         # ---- main nest over full tiles; the rows left over get a narrower tile on the same panels
         xpack = None
         fx = linear_form(n.x.index)[0]
@@ -267,27 +279,55 @@ def tile_contractions(p: Program, target: Target) -> Program:
         for jlo, jhi, width in ((0, NJ, nr), (NJ, NJt, tail)):
             if jhi == jlo:
                 continue
-            roots.append(_tile_nest(n, mr, nv, vw, vt, pk, bl, NJt, K, c(0), MI, R, xpack, (jlo, jhi, width)))
+            local = pack("ypanel", add(mul(rflat, c(nr)), Var(jj)), width < nr) if fused else None
+            if local is not None:  # one nest: full row tiles and rows left over share the packed panel
+                rows = [(mr, c(0), MI)] + ([(M % mr, c(MI * mr), 1)] if M % mr else [])
+                roots.append(_tile_nest(n, rows, nv, vw, vt, pk, bl, NJt, K, R, xpack, (jlo, jhi, width), local))
+                continue
+            roots.append(_tile_nest(n, [(mr, c(0), MI)], nv, vw, vt, pk, bl, NJt, K, R, xpack, (jlo, jhi, width)))
             if M % mr:  # rows left over: a narrower tile on the same panels
-                roots.append(_tile_nest(n, M % mr, nv, vw, vt, pk, bl, NJt, K, c(MI * mr), 1, R, xpack,
+                roots.append(_tile_nest(n, [(M % mr, c(MI * mr), 1)], nv, vw, vt, pk, bl, NJt, K, R, xpack,
                                         (jlo, jhi, width)))
         kernels.append(replace(k, body=tuple(roots)))
     return replace(p, kernels=tuple(kernels), buffers=tuple(buffers))
 
 
-def _tile_nest(n: _Nest, mr: int, nv: int, vw: int, vt: str, pk: str, bl: Expr, NJ: int, K: int, i0: Expr,
-               MI: int, R: Var, xpack, panels: tuple[int, int, int]) -> Stmt:
-    """for p..., jo in [lo, hi), io < MI: an mr x (nv*vw) tile of rows i0 + io*mr + [0, mr) on the NJ
-    packed panels; ``panels`` = (lo, hi, columns stored of each panel).
+def _tile_nest(n: _Nest, rows: list[tuple[int, Expr, int]], nv: int, vw: int, vt: str, pk: str, bl: Expr,
+               NJ: int, K: int, R: Var, xpack, panels: tuple[int, int, int], local=None) -> Stmt:
+    """for p..., jo in [lo, hi): for each (mr, i0, MI) of ``rows``, io < MI: an mr x (nv*vw) tile of
+    rows i0 + io*mr + [0, mr) on panel jo; ``panels`` = (lo, hi, columns stored of each panel).
+    Panels come from the NJ packed panels of ``pk`` or, with ``local`` (the statements that pack
+    panel jo into ``ypanel``), are packed at the top of each jo iteration.
     ``xpack`` = (buffer, batch index, tiles, row width): read X from its packed panels."""
+    jlo, jhi, width = panels
+    nr = nv * vw
+    jo = "jo"
+    if local is None:
+        panel = mul(add(mul(add(mul(bl, c(NJ)), Var(jo)), c(K)), R), c(nr))  # Yp[bl][jo][R][0]
+        ybuf = pk
+    else:
+        panel, ybuf = mul(R, c(nr)), "ypanel"
+    loops: list[Stmt] = [_row_tiles(n, mr, i0, MI, nv, vw, vt, ybuf, panel, K, R, xpack, width)
+                         for mr, i0, MI in rows]
+    if local is not None:
+        loops = [Alloc("ypanel", "float32", K * nr), *local, *[replace(f, parallel=False) for f in loops]]
+    main: Stmt = For(jo, c(jlo), c(jhi), tuple(loops), parallel=True)
+    for f in reversed(n.batch):
+        main = replace(f, body=(main,))
+    return main
+
+
+def _row_tiles(n: _Nest, mr: int, i0: Expr, MI: int, nv: int, vw: int, vt: str, ybuf: str, panel: Expr, K: int,
+               R: Var, xpack, width: int) -> For:
+    """io < MI: the mr x (nv*vw) register tile of rows i0 + io*mr + [0, mr) times panel jo (at
+    ``panel`` + R*nr in ``ybuf``), then its epilogue on the first ``width`` columns."""
     nr = nv * vw
     i = n.iloop.var
     jn = [f.var for f in n.jloops]
     rn = [f.var for f in n.rloops]
     jo, io, jj, ii = "jo", "io", "jj", "ii"
     accs = [[f"acc{x}_{y}" for y in range(nv)] for x in range(mr)]  # (C names b<n> are buffers)
-    panel = mul(add(mul(add(mul(bl, c(NJ)), Var(jo)), c(K)), R), c(nr))  # Yp[bl][jo][R][0]
-    inner: list[Stmt] = [Let(f"yv{y}", vt, Load(pk, add(panel, c(y * vw)), vt)) for y in range(nv)]
+    inner: list[Stmt] = [Let(f"yv{y}", vt, Load(ybuf, add(panel, c(y * vw)), vt)) for y in range(nv)]
     xr = _in_group(n.x, rn, n.rloops, R)
     row0 = add(i0, mul(Var(io), c(mr)))
     for x in range(mr):
@@ -314,12 +354,8 @@ def _tile_nest(n: _Nest, mr: int, nv: int, vw: int, vt: str, pk: str, bl: Expr, 
     epi = Store(n.store.buf, subst_vars(_in_group(Load("_", n.store.index, "float32"), jn, n.jloops, jvar).index,
                                         {i: ivar}),
                 subst_vars(_in_group(value, jn, n.jloops, jvar), {i: ivar}))
-    jlo, jhi, width = panels
     body.append(For(ii, c(0), c(mr), (For(jj, c(0), c(width), (epi,)),)))
-    main: Stmt = For(jo, c(jlo), c(jhi), (For(io, c(0), c(MI), tuple(body), parallel=True),), parallel=True)
-    for f in reversed(n.batch):
-        main = replace(f, body=(main,))
-    return main
+    return For(io, c(0), c(MI), tuple(body), parallel=True)
 
 
 def _strides(loops: list[For]) -> list[int]:
