@@ -234,9 +234,29 @@ def tile_contractions(p: Program, target: Target) -> Program:
                 jflat = add(mul(Var(jo), c(nr)), Var(jj))
                 st = If(Op("lt", (jflat, c(N)), "bool"), (st,), (Store(buf, idx, Const(0.0, "float32")),))
             pbody: Stmt = For(jj, c(0), c(nr), (st,))
+            if not guard and fy.get(jn[-1], 0) == 1:
+                # Y walks the panel's columns contiguously when they share their outer coordinates
+                # (pixels of one image row); the condition (padding) is a conjunction of affine
+                # inequalities, so it holds on the whole panel when it holds at both ends: then
+                # the panel row is nv vector copies, else the element loop above
+                at = look if len(jn) > 1 else jdec
+                y0 = subst_vars(subst_vars(n.y, {**at, i: c(0)}), {jj: c(0)})
+                copy = tuple(Store(buf, subst_vars(idx, {jj: c(y * vw)}),
+                                   replace(y0, index=add(y0.index, c(y * vw)), dtype=vt)) for y in range(nv))
+                test: Expr | None = None
+                for v in jn[:-1]:
+                    t = Op("eq", (Load(f"{v}_of", c(0), "int64"), Load(f"{v}_of", c(nr - 1), "int64")), "bool")
+                    test = t if test is None else Op("logical_and", (test, t), "bool")
+                if n.cond is not None:
+                    for e in (0, nr - 1):
+                        t = subst_vars(subst_vars(n.cond, {**at, i: c(0)}), {jj: c(e)})
+                        test = t if test is None else Op("logical_and", (test, t), "bool")
+                stmts: tuple[Stmt, ...] = (If(test, copy, (pbody,)),) if test is not None else copy
+            else:
+                stmts = (pbody,)
             for f in reversed(n.rloops):
-                pbody = replace(f, body=(pbody,))
-            return tuple(pre) + (pbody,)
+                stmts = (replace(f, body=stmts),)
+            return tuple(pre) + stmts
 
         if not fused:
             pnests = []
