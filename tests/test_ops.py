@@ -226,6 +226,7 @@ case("int-div-modes", lambda a, b: (torch.div(a, b, rounding_mode="trunc"), torc
 case("int-remainder-fmod", lambda a, b: (torch.remainder(a, b), torch.fmod(a, b), a % 3, torch.fmod(a, -3)),
      lambda: (ints(-20, 20, 7, 13), nonzero_ints(-5, 5, 13)))
 case("int-maximum-minimum", lambda a, b: (torch.maximum(a, b), torch.minimum(a, b)), lambda: (ints(-9, 9, 7, 13), ints(-9, 9, 7, 1)))
+case("float-pow-small-int", lambda a: (a ** 3, a ** 4, torch.pow(a, 3.0), a ** 2.5), lambda: (randn(7, 13).abs() + 0.1,))
 case("int-pow", lambda a, b: (a ** 2, a ** 3, torch.pow(a, b)), lambda: (ints(-5, 5, 7, 13), ints(0, 4, 7, 13)))
 case("int-bitwise", lambda a, b: (a & b, a | b, a ^ b, a & 6, 5 | a), lambda: (ints(-50, 50, 7, 13), ints(0, 64, 13)))
 case("bool-bitwise", lambda a, b: (a & b, a | b, a ^ b), lambda: (bools(7, 13), bools(13, 7).t()))

@@ -396,3 +396,27 @@ def test_repeated_calls_are_stable():
     assert a.data_ptr() != b.data_ptr()
     a.zero_()
     assert torch.equal(g(x, *ws)[0], first)
+
+
+def test_profile_times_every_kernel_call():
+    import torch.nn.functional as F
+
+    torch._dynamo.reset()
+
+    def fn(x, w):
+        return torch.softmax(F.relu(x @ w), -1)
+
+    x, w = torch.randn(64, 48), torch.randn(48, 40)
+    f = torch.compile(fn, backend="polytile", options={"profile": True, "fallback": False})
+    torch.testing.assert_close(f(x, w), fn(x, w))
+    polytile.profile(reset=True)  # drop the first (compiling) call
+    f(x, w)
+    f(x, w)
+    rows = polytile.profile()
+    assert rows and all(r["calls"] == 2 and r["ms"] > 0 for r in rows)
+    assert any("matmul" in r["kernel"] for r in rows)
+    assert rows == sorted(rows, key=lambda r: -r["ms"])
+    text = polytile.format_profile(rows)
+    assert "total over" in text and rows[0]["kernel"][:40] in text
+    polytile.profile(reset=True)
+    assert polytile.profile() == []

@@ -3,6 +3,7 @@ __version__ = "0.1.0"
 
 from .options import Options  # noqa: E402
 from .counters import reset_stats, stats  # noqa: E402
+from .profiling import format_profile, profile  # noqa: E402
 
 
 def _register() -> None:
@@ -13,7 +14,7 @@ def _register() -> None:
 
 _register()
 
-__all__ = ["Options", "stats", "reset_stats", "compile_graph", "__version__"]
+__all__ = ["Options", "stats", "reset_stats", "profile", "format_profile", "compile_graph", "__version__"]
 
 
 def compile_graph(gm, example_inputs, options=None):

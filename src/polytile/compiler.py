@@ -5,6 +5,7 @@ import os
 import time
 
 from . import counters as stats
+from . import profiling
 from .affine.build import build
 from .affine.printer import format_program
 from .codegen.c import UNIT_MARK, render
@@ -31,7 +32,8 @@ def compile_graph_ir(graph: Graph, input_specs: list[TensorSpec], options: Optio
     prog = run_pipeline(prog, options, (lambda p_name, p: dumper.write(f"affine_{p_name}.mlir", format_program(p)))
                         if dumper else None)
     plan = plan_memory(prog)
-    srcs = render(prog, plan.offsets, units=max(1, min(options.threads, os.cpu_count() or 1)))
+    srcs = render(prog, plan.offsets, units=max(1, min(options.threads, os.cpu_count() or 1)),
+                  profile=options.profile)
     if dumper:
         dumper.write("kernel.c", UNIT_MARK.join(srcs))
     so, hit = build_shared_object(srcs, options)
@@ -45,5 +47,7 @@ def compile_graph_ir(graph: Graph, input_specs: list[TensorSpec], options: Optio
                      input_labels=input_labels)
     ng.memory_plan = plan
     ng.num_kernels = len(prog.kernels)
+    if options.profile:
+        profiling.register(ng)
     stats.bump("compile_seconds", time.perf_counter() - t0)
     return ng

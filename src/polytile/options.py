@@ -62,6 +62,9 @@ class Options:
     """Fuse nests that read the same data and share their outer loops."""
     tile_contractions: bool = True
     """Register-tile and pack matmul-like nests (vector accumulators, packed operand panels)."""
+    profile: bool = False
+    """Time every kernel call inside the generated entry point (clock_gettime around each
+    call); read the totals with ``polytile.profile()`` / ``polytile.format_profile()``."""
     target: Any = None
     """Overrides of the detected machine description (``polytile.target.Target`` fields),
     e.g. ``{"vector_bytes": 16}``; the cost models read the result."""
@@ -101,4 +104,4 @@ class Options:
         """The parts of the options that change generated code (not where it is written)."""
         return repr((self.threads, self.cc, self.cflags, self.parallel_min_work, self.fusion, self.fuse_producers,
                      self.fuse_epilogues, self.fuse_loops, self.fuse_siblings, self.tile_contractions,
-                     sorted((self.target or {}).items())))
+                     self.profile, sorted((self.target or {}).items())))

@@ -224,11 +224,13 @@ def stmts(body: tuple[Stmt, ...], ind: int) -> list[str]:
 UNIT_MARK = "/* ==== translation unit ==== */\n"
 
 
-def render(p: Program, offsets: dict[str, int], entry: str = "pt_entry", units: int = 1) -> list[str]:
+def render(p: Program, offsets: dict[str, int], entry: str = "pt_entry", units: int = 1,
+           profile: bool = False) -> list[str]:
     """C sources for the program: kernels spread over ``units`` translation units (compiled in
     parallel), the entry point ``int entry(void **args, int nthreads)`` in the last one; args
     are the inputs, the outputs, then the arena. Kernels that differ only in the buffers they
-    touch share one function."""
+    touch share one function. With ``profile``, every call is timed into the exported arrays
+    ``pt_prof_ns`` / ``pt_prof_calls`` (one slot per call site, named by ``pt_prof_names``)."""
     bufs = {b.name: b for b in p.buffers}
     funcs: dict = {}  # (canonical body, param types) -> function name
     bodies: list[tuple[str, list[str]]] = []  # (prototype, lines)
@@ -245,7 +247,12 @@ def render(p: Program, offsets: dict[str, int], entry: str = "pt_entry", units: 
             proto = (f"__attribute__((visibility(\"hidden\"))) void {fname}"
                      f"(int pt_nthreads, int* pt_err{', ' if params else ''}{params})")
             bodies.append((proto, [f"/* {k.origin} */", proto + " {", *stmts(canon, 1), "}\n"]))
-        calls.append(f"  {fname}(nthreads, &err{''.join(', ' + n for n in order)});  /* {k.origin} */")
+        call = f"{fname}(nthreads, &err{''.join(', ' + n for n in order)});"
+        if profile:
+            slot = len(calls)
+            call = (f"{{ double pt_t0 = pt_now(); {call} pt_prof_ns[{slot}] += pt_now() - pt_t0; "
+                    f"pt_prof_calls[{slot}] += 1; }}")
+        calls.append(f"  {call}  /* {k.origin} */")
     units = max(1, min(units, len(bodies)))
     # balance units by generated lines
     parts: list[list[str]] = [[] for _ in range(units)]
@@ -256,8 +263,18 @@ def render(p: Program, offsets: dict[str, int], entry: str = "pt_entry", units: 
         sizes[i] += len(lines)
     ins = sorted((b for b in p.buffers if b.kind == "input"), key=lambda b: b.index)
     outs = sorted((b for b in p.buffers if b.kind == "output"), key=lambda b: b.index)
-    ent = [PRELUDE] + [proto + ";" for proto, _ in bodies] + ["", f"int {entry}(void** args, int nthreads) {{",
-                                                              "  int err = 0;"]
+    ent = [PRELUDE] + [proto + ";" for proto, _ in bodies] + [""]
+    if profile:
+        names = ", ".join('"' + (k.name + ": " + k.origin).replace("\\", "/").replace('"', "'") + '"'
+                          for k in p.kernels)
+        n = max(1, len(p.kernels))
+        ent += ["#include <time.h>",
+                "static double pt_now(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); "
+                "return t.tv_sec * 1e9 + t.tv_nsec; }",
+                f"int pt_prof_count = {len(p.kernels)};",
+                f"double pt_prof_ns[{n}];", f"long long pt_prof_calls[{n}];",
+                f"const char* pt_prof_names[{n}] = {{{names}}};", ""]
+    ent += [f"int {entry}(void** args, int nthreads) {{", "  int err = 0;"]
     for pos, b in enumerate(ins + outs):
         ent.append(f"  {CTYPE[b.dtype]}* {b.name} = ({CTYPE[b.dtype]}*)args[{pos}];")
     ent.append(f"  char* arena = (char*)args[{len(ins) + len(outs)}];")

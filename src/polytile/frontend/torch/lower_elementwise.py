@@ -113,9 +113,12 @@ def rsub(ctx, a, c, alpha=1):
 def pow_(ctx, a, e):
     dt = ctx.out_dtype
     if not isinstance(e, Node) and isinstance(a, Node):
-        if e == 2:
+        if e in (2, 3, 4) and not isinstance(e, bool):  # x*x(*x...): no libm call (GPT-2's GELU cubes)
             x = ctx.b.cast(a, dt)
-            return ctx.b.ew("mul", x, x)
+            y = ctx.b.ew("mul", x, x)
+            if e == 3:
+                return ctx.b.ew("mul", y, x)
+            return ctx.b.ew("mul", y, y) if e == 4 else y
         if e == 1:
             return ctx.b.ew("identity", a, dtype=dt)
         if e == 0.5 and dt.startswith("float"):
