@@ -43,6 +43,7 @@ from .fusion_util import map_expr, subst_vars
 
 MIN_WORK = 32 * 32 * 32  # multiply-adds below which tiling is not worth a packing pass
 FUSED_PACK_MIN_PANELS = 8  # panels packed inside the panel loop only when there are this many to share
+FUSED_PACK_MIN_INTENSITY = 12  # ... and the tile does this many flops per byte of panel and output
 
 
 def tile_sizes(t: Target) -> tuple[int, int, int]:
@@ -185,7 +186,7 @@ def tile_contractions(p: Program, target: Target) -> Program:
                 and _contiguous(linear_form(n.x.index)[0], [f.var for f in n.rloops], n.rloops):
             kernels.extend(_dot_form(k, n, M, N, K, vw, target.vector_registers, buffers))
             continue
-        if n is None or M < mr or N < nr or M * N * K < MIN_WORK:
+        if n is None or M < mr or N < nr or M * N * K * _batch_size(n) < MIN_WORK:
             kernels.append(k)
             continue
         MI, NJ = M // mr, N // nr
@@ -204,8 +205,11 @@ def tile_contractions(p: Program, target: Target) -> Program:
         # each panel packed inside the panel loop, into a local buffer that stays in L2 for all the
         # row tiles that use it (no round trip of the packed copy through memory), when it fits,
         # there are panels enough to share among the cores and no batch loop would repack it
+        # and the tiles do enough arithmetic per byte of panel and output to hide the operand
+        # streams of the pack among those of the stores (small-K 1x1 convolutions are memory-bound:
+        # a separate pack pass streams better there, measured)
         fused = (K * nr * 4 <= target.l2_bytes // 2 and NJt >= FUSED_PACK_MIN_PANELS
-                 and len(bdeps) == len(n.batch))
+                 and len(bdeps) == len(n.batch) and M * K >= FUSED_PACK_MIN_INTENSITY * 2 * (M + K))
         pk = f"pk{sum(1 for x in buffers if x.name.startswith('pk'))}"  # packed panels (a temp in the arena)
         if not fused:
             buffers.append(Buffer(pk, "float32", nbatch * NJt * K * nr, "temp"))
@@ -376,6 +380,14 @@ def _row_tiles(n: _Nest, mr: int, i0: Expr, MI: int, nv: int, vw: int, vt: str, 
                 subst_vars(_in_group(value, jn, n.jloops, jvar), {i: ivar}))
     body.append(For(ii, c(0), c(mr), (For(jj, c(0), c(width), (epi,)),)))
     return For(io, c(0), c(MI), tuple(body), parallel=True)
+
+
+def _batch_size(n: _Nest) -> int:
+    """Instances of the contraction (batch, groups): the packing pays off over all of them."""
+    out = 1
+    for f in n.batch:
+        out *= trip_count(f)
+    return out
 
 
 def _strides(loops: list[For]) -> list[int]:
