@@ -206,3 +206,19 @@ def test_few_columns_use_the_dot_form():
     assert all(e.dtype == "float32x8" for e in vec_loads)
     # 64 rows in tiles of 4 (3 columns: 12 accumulators), no rows or columns left over
     assert any(isinstance(s, Alloc) and s.size == 4 * 3 * 8 for s in walk_stmts(main.body))
+
+
+def test_row_blocks_when_the_row_operand_exceeds_the_cache():
+    """X larger than half the (overridden, tiny) L3: a sequential loop over blocks of rows
+    around the parallel panel loop, OpenMP inside it; the answer is unchanged."""
+    tgt = {"vector_bytes": 32, "vector_registers": 16, "l3_bytes": 64 * 1024}
+    b = GraphBuilder()
+    x, w = b.input(0, [157, 128], F32), b.input(1, [128, 40], F32)
+    p = _pipeline(build(b.graph([b.matmul(x, w)])), target=tgt)
+    main = p.kernels[-1]
+    blocks = [s for s in main.body if isinstance(s, For) and s.var == "ib"]
+    assert blocks and all(not s.parallel and s.hi.value == 5 for s in blocks)  # 5 blocks of 30 rows
+    assert blocks[0].body[0].omp >= 1  # the full panels run under OpenMP inside each block
+    a, bb = torch.randn(157, 128), torch.randn(128, 40)
+    out, _ = _compile(torch.mm, (a, bb), target=tgt, threads=2)
+    assert_accurate(out, a @ bb, lambda: fp64_reference(torch.mm, (a, bb)), 1e-4)

@@ -61,11 +61,18 @@ def _work(body: tuple[Stmt, ...]) -> int:
 
 def assign_omp(p: Program, *, threads: int, min_work: int) -> Program:
     """Put OpenMP on the outermost band of parallel loops of each kernel whose work is large
-    enough; collapse just enough loops of the band to give every thread several iterations."""
+    enough (below sequential loops that hold nothing else); collapse just enough loops of the
+    band to give every thread several iterations."""
     if threads <= 1:
         return p
 
     def choose(s: For) -> For:
+        if not s.parallel and len(s.body) == 1 and isinstance(s.body[0], For) and trip_count(s) is not None \
+                and _work((s,)) >= min_work:
+            # a sequential loop around a parallel band (row blocks of a tiled contraction): the
+            # band inside runs under OpenMP once per iteration
+            inner = choose(s.body[0])
+            return replace(s, body=(inner,)) if inner is not s.body[0] else s
         band, f = [], s
         while isinstance(f, For) and f.parallel and trip_count(f) is not None:
             band.append(f)

@@ -299,30 +299,45 @@ def tile_contractions(p: Program, target: Target) -> Program:
                 xnest = replace(f, body=(xnest,))
             kernels.append(Kernel(f"{k.name}_packx", (xnest,), f"pack {n.x.buf} for {k.origin}"[:160]))
             xpack = (xb, xbl, mt, mr)
+        # row blocks: when the rows of X do not fit in a quarter of the L3, the panel loop runs
+        # once per block of MC rows, so each panel meets a block that stays in cache instead of
+        # streaming all of X from memory per panel (the panels are packed once per block)
+        mc = (target.l3_bytes // 4 // (K * 4)) // mr * mr
+        nb = M // mc if (not n.batch and M * K * 4 > target.l3_bytes // 2 and mc >= 4 * mr) else 0
+        groups = []  # (row tiles, row-block loop)
+        if nb:
+            groups.append(([(mr, mul(Var("ib"), c(mc)), mc // mr)], ("ib", nb)))
+        lo = nb * mc
+        rest = [(mr, c(lo), (M - lo) // mr)] if (M - lo) // mr else []
+        if (M - lo) % mr:
+            rest.append(((M - lo) % mr, c(lo + (M - lo) // mr * mr), 1))
+        if rest:
+            groups.append((rest, None))
         roots = []
         for jlo, jhi, width in ((0, NJ, nr), (NJ, NJt, tail)):
             if jhi == jlo:
                 continue
             local = pack("ypanel", add(mul(rflat, c(nr)), Var(jj)), width < nr) if fused else None
-            if local is not None:  # one nest: full row tiles and rows left over share the packed panel
-                rows = [(mr, c(0), MI)] + ([(M % mr, c(MI * mr), 1)] if M % mr else [])
-                roots.append(_tile_nest(n, rows, nv, vw, vt, pk, bl, NJt, K, R, xpack, (jlo, jhi, width), local))
-                continue
-            roots.append(_tile_nest(n, [(mr, c(0), MI)], nv, vw, vt, pk, bl, NJt, K, R, xpack, (jlo, jhi, width)))
-            if M % mr:  # rows left over: a narrower tile on the same panels
-                roots.append(_tile_nest(n, [(M % mr, c(MI * mr), 1)], nv, vw, vt, pk, bl, NJt, K, R, xpack,
-                                        (jlo, jhi, width)))
+            for rows, block in groups:
+                if local is not None:  # one nest: full row tiles and rows left over share the packed panel
+                    roots.append(_tile_nest(n, rows, nv, vw, vt, pk, bl, NJt, K, R, xpack, (jlo, jhi, width),
+                                            local, block))
+                    continue
+                for r in rows:  # rows left over: a narrower tile on the same panels
+                    roots.append(_tile_nest(n, [r], nv, vw, vt, pk, bl, NJt, K, R, xpack, (jlo, jhi, width),
+                                            None, block))
         kernels.append(replace(k, body=tuple(roots)))
     return replace(p, kernels=tuple(kernels), buffers=tuple(buffers))
 
 
 def _tile_nest(n: _Nest, rows: list[tuple[int, Expr, int]], nv: int, vw: int, vt: str, pk: str, bl: Expr,
-               NJ: int, K: int, R: Var, xpack, panels: tuple[int, int, int], local=None) -> Stmt:
+               NJ: int, K: int, R: Var, xpack, panels: tuple[int, int, int], local=None, block=None) -> Stmt:
     """for p..., jo in [lo, hi): for each (mr, i0, MI) of ``rows``, io < MI: an mr x (nv*vw) tile of
     rows i0 + io*mr + [0, mr) on panel jo; ``panels`` = (lo, hi, columns stored of each panel).
     Panels come from the NJ packed panels of ``pk`` or, with ``local`` (the statements that pack
     panel jo into ``ypanel``), are packed at the top of each jo iteration.
-    ``xpack`` = (buffer, batch index, tiles, row width): read X from its packed panels."""
+    ``xpack`` = (buffer, batch index, tiles, row width): read X from its packed panels.
+    ``block`` = (variable, count): a sequential loop of row blocks around the panel loop."""
     jlo, jhi, width = panels
     nr = nv * vw
     jo = "jo"
@@ -336,6 +351,8 @@ def _tile_nest(n: _Nest, rows: list[tuple[int, Expr, int]], nv: int, vw: int, vt
     if local is not None:
         loops = [Alloc("ypanel", "float32", K * nr), *local, *[replace(f, parallel=False) for f in loops]]
     main: Stmt = For(jo, c(jlo), c(jhi), tuple(loops), parallel=True)
+    if block is not None:
+        main = For(block[0], c(0), c(block[1]), (main,), parallel=False)
     for f in reversed(n.batch):
         main = replace(f, body=(main,))
     return main
