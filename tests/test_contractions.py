@@ -158,6 +158,9 @@ def test_transposed_row_operand_is_packed():
     a, w = b.input(0, [48, 64], F32), b.input(1, [48, 40], F32)
     p = _pipeline(build(b.graph([b.matmul(b.transpose(a, 0, 1), w)])), target={"vector_bytes": 32, "vector_registers": 16})
     assert [k.name.rsplit("_", 1)[-1] for k in p.kernels] == ["pack", "packx", "matmul"]
+    # rows and columns swapped (A^T's columns are contiguous rows of A): the vector panels come
+    # from A, and the smaller operand B (40 columns < 64 rows) is the one packed along rows
+    assert p.kernels[0].origin.startswith("pack in0") and p.kernels[1].origin.startswith("pack in1")
 
 
 def test_tile_sizes_follow_the_target():
