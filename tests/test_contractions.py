@@ -91,6 +91,8 @@ CONVS = {
     "wide_rows_pad1": dict(x=(1, 4, 5, 40), w=(8, 4, 3, 3), padding=1),
     "wide_rows_dilated_pad2": dict(x=(2, 3, 6, 50), w=(7, 3, 3, 3), padding=2, dilation=2),
     "wide_rows_no_pad": dict(x=(1, 6, 4, 70), w=(9, 6, 2, 3)),
+    "wide_rows_stride2_pad1": dict(x=(1, 8, 10, 70), w=(16, 8, 3, 3), stride=2, padding=1),
+    "wide_rows_stride2_to_the_end": dict(x=(2, 4, 9, 67), w=(12, 4, 3, 3), stride=2),
 }
 
 

@@ -18,6 +18,9 @@ PRELUDE = r"""#include <stdint.h>
 typedef float pt_f32x4 __attribute__((vector_size(16), aligned(4)));
 typedef float pt_f32x8 __attribute__((vector_size(32), aligned(4)));
 typedef float pt_f32x16 __attribute__((vector_size(64), aligned(4)));
+typedef int32_t pt_i32x4 __attribute__((vector_size(16)));
+typedef int32_t pt_i32x8 __attribute__((vector_size(32)));
+typedef int32_t pt_i32x16 __attribute__((vector_size(64)));
 #ifdef PT_LIBMVEC
 /* glibc's vector math library has SIMD variants of these: loops calling them vectorize */
 #define PT_SIMD __attribute__((simd("notinbranch")))
@@ -68,6 +71,9 @@ def _sfx(dt: str) -> str:
 OPS: dict[str, Callable[[list[str], str, str], str]] = {
     "add": lambda a, d, t: f"({a[0]} + {a[1]})",
     "broadcast": lambda a, d, t: f"(({CTYPE[d]}){{}} + {a[0]})",
+    # the even lanes of the concatenation of two vectors (a stride-2 row from two loads)
+    "even_lanes": lambda a, d, t: (f"__builtin_shuffle({a[0]}, {a[1]}, (pt_i32x{lanes(d)}){{"
+                                   + ", ".join(str(2 * x) for x in range(lanes(d))) + "})"),
     "sub": lambda a, d, t: f"({a[0]} - {a[1]})",
     "mul": lambda a, d, t: f"({a[0]} * {a[1]})",
     "div": lambda a, d, t: f"({a[0]} / {a[1]})" if _isfloat(d) else f"pt_truncdiv_i({a[0]}, {a[1]})",

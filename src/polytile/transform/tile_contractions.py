@@ -195,6 +195,7 @@ def tile_contractions(p: Program, target: Target) -> Program:
     vt = vector_type("float32", vw)
     kernels: list[Kernel] = []
     buffers = list(p.buffers)
+    sizes = {b.name: b.size for b in p.buffers}
     for k in p.kernels:
         n = _match(k)
         if n is not None:
@@ -261,16 +262,27 @@ def tile_contractions(p: Program, target: Target) -> Program:
                 jflat = add(mul(Var(jo), c(nr)), Var(jj))
                 st = If(Op("lt", (jflat, c(N)), "bool"), (st,), (Store(buf, idx, Const(0.0, "float32")),))
             pbody: Stmt = For(jj, c(0), c(nr), (st,))
-            if not guard and fy.get(jn[-1], 0) == 1:
+            step = fy.get(jn[-1], 0)
+            if not guard and (step == 1 or (step == 2 and n.y.buf in sizes)):
                 # Y walks the panel's columns contiguously when they share their outer coordinates
                 # (pixels of one image row); the condition (padding) is a conjunction of affine
                 # inequalities, so it holds on the whole panel when it holds at both ends: then
-                # the panel row is nv vector copies, else the element loop above
+                # the panel row is nv vector copies (stride 2: even lanes of 2*nv loads), else the
+                # element loop above
                 at = look if len(jn) > 1 else jdec
                 y0 = subst_vars(subst_vars(n.y, {**at, i: c(0)}), {jj: c(0)})
-                copy = tuple(Store(buf, subst_vars(idx, {jj: c(y * vw)}),
-                                   replace(y0, index=add(y0.index, c(y * vw)), dtype=vt)) for y in range(nv))
+
+                def part(off: int) -> Load:
+                    return replace(y0, index=add(y0.index, c(off)), dtype=vt)
+
+                if step == 1:
+                    vals = [part(y * vw) for y in range(nv)]
+                else:  # stride 2 (strided convolutions): two loads, their even lanes
+                    vals = [Op("even_lanes", (part(2 * y * vw), part(2 * y * vw + vw)), vt) for y in range(nv)]
+                copy = tuple(Store(buf, subst_vars(idx, {jj: c(y * vw)}), v) for y, v in enumerate(vals))
                 test: Expr | None = None
+                if step == 2:  # the last load reaches one element past the last one used
+                    test = Op("lt", (add(y0.index, c(2 * nr - 1)), c(sizes[n.y.buf])), "bool")
                 for v in jn[:-1]:
                     t = Op("eq", (Load(f"{v}_of", c(0), "int64"), Load(f"{v}_of", c(nr - 1), "int64")), "bool")
                     test = t if test is None else Op("logical_and", (test, t), "bool")
