@@ -245,6 +245,18 @@ def test_producer_not_recomputed_inside_contraction():
     assert len(fuse_producers.fuse_producers(parallelize.check_parallel(prog)).kernels) == 1
 
 
+def test_producer_not_recomputed_in_a_strided_depthwise_conv():
+    """A stride-2 3x3 depthwise convolution reads each input element about 2.25 times: within
+    the recomputation budget, but recomputing inside a contraction's reduction keeps its
+    operand from being a plain load (it was measured slower), so the producer stays."""
+    b = GraphBuilder()
+    x, w = b.input(0, [1, 8, 16, 16], F32), b.input(1, [8, 1, 3, 3], F32)
+    act = b.ew("relu", b.ew("add", b.ew("mul", x, b.full(0.5, F32)), b.full(1.0, F32)))
+    conv = b.node("conv2d", (act, w), stride=(2, 2), padding=(1, 1), dilation=(1, 1), groups=8)
+    out = fuse_producers.fuse_producers(parallelize.check_parallel(build(b.graph([conv]))))
+    assert len(out.kernels) == 2 and "relu" not in out.kernels[-1].origin
+
+
 def test_producer_reading_a_later_write_is_not_moved():
     """Recomputing P at its consumer would read ``u`` after a nest in between rewrote it."""
     n = 16

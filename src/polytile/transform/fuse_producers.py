@@ -67,7 +67,8 @@ def fuse_producers(p: Program) -> Program:
                 reads += count[0]
         except _NoSlice:
             continue
-        if not fusion_cost.inline_pays(st.value, reads / max(1, sizes[t])):
+        if not fusion_cost.inline_pays(st.value, reads / max(1, sizes[t]),
+                                       into_contraction=any(kernels[ci].contraction for ci in consumers)):
             continue
         for ci, nk in new.items():
             uses.set(ci, nk)
