@@ -290,7 +290,20 @@ def tile_contractions(p: Program, target: Target) -> Program:
                     for e in (0, nr - 1):
                         t = subst_vars(subst_vars(n.cond, {**at, i: c(0)}), {jj: c(e)})
                         test = t if test is None else Op("logical_and", (test, t), "bool")
-                stmts: tuple[Stmt, ...] = (If(test, copy, (pbody,)),) if test is not None else copy
+                if test is not None:
+                    # reduction loops the test does not read (input channels) go inside both
+                    # branches: the test runs once per (kh, kw) of the panel, not per element
+                    tvars = {v.name for v in walk_exprs(test) if isinstance(v, Var)}
+                    outer = [f for f in n.rloops if f.var in tvars]
+                    inner = [f for f in n.rloops if f.var not in tvars]
+
+                    def nest(body: tuple[Stmt, ...], loops: list[For]) -> tuple[Stmt, ...]:
+                        for f in reversed(loops):
+                            body = (replace(f, body=body),)
+                        return body
+
+                    return tuple(pre) + nest((If(test, nest(copy, inner), nest((pbody,), inner)),), outer)
+                stmts: tuple[Stmt, ...] = copy
             else:
                 stmts = (pbody,)
             for f in reversed(n.rloops):
