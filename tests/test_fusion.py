@@ -351,3 +351,37 @@ if __name__ == "__main__" and "--update" in sys.argv:
     for name in sorted(GRAPHS):
         (FIXTURES / f"{name}.mlir").write_text(fixture_text(name))
         print("wrote", FIXTURES / f"{name}.mlir")
+
+
+def test_pad_is_an_interior_copy_and_fills_and_fuses_affinely():
+    """Padding lowers to a condition-free copy of the interior plus fill slabs, so a producer
+    fused into it is read through an affine index (no floordiv/mod per element) and its
+    transcendental calls vectorize (TF-style 'same' padding after BN + SiLU)."""
+    b = GraphBuilder()
+    x = b.input(0, [2, 8, 12, 12], F32)
+    act = b.ew("sigmoid", b.ew("mul", x, b.full(2.0, F32)))
+    padded = b.node("pad", (act,), pads=((0, 0), (0, 0), (0, 1), (1, 1)), value=0.0)
+    p = build(b.graph([padded]))
+    for name, fn in PASSES:
+        p = fn(p, Options(threads=1))
+    (k,) = p.kernels
+    ops = {x.fn for s in walk_stmts(k.body) for e in _stmt_exprs(s) for x in _walk(e) if isinstance(x, Op)}
+    assert "sigmoid" in ops and not ops & {"floordiv", "remainder", "where"}
+    assert len([s for s in k.body if isinstance(s, For)]) == 4  # interior, one slab in H, two in W
+    xs = torch.randn(2, 8, 12, 12)
+    fn = lambda t: F.pad(torch.sigmoid(t * 2), (1, 1, 0, 1))  # noqa: E731
+    torch._dynamo.reset()
+    out = torch.compile(fn, backend="polytile", options={"fallback": False})(xs)
+    torch.testing.assert_close(out, fn(xs))
+
+
+def _stmt_exprs(s):
+    from polytile.affine.ir import stmt_exprs
+
+    return stmt_exprs(s)
+
+
+def _walk(e):
+    from polytile.affine.ir import walk_exprs
+
+    return walk_exprs(e)

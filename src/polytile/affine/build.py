@@ -369,17 +369,31 @@ class _Builder:
             off += i.shape[ax]
 
     def pad(self, n: Node) -> None:
+        """The interior (a plain copy, no conditions: it vectorizes, and producers fused into it
+        see an affine slice) and, per padded dimension, the slabs before and after it filled
+        with the value (corners written once per dimension: harmless)."""
         (x,) = n.inputs
         pads = n.attr("pads")
         val = Const(n.attr("value"), n.dtype)
+        # output range of each dimension that reads the input (negative pads crop)
+        inner = [(max(0, lo), min(o, lo + i)) for (lo, _), o, i in zip(pads, n.shape, x.shape)]
+        nests: list[Stmt] = []
+        if all(a < b for a, b in inner):
+            def copy(idx):
+                out = [add(e, c(a)) for e, (a, _) in zip(idx, inner)]
+                src = [add(e, c(a - lo)) for e, (a, _), (lo, _) in zip(idx, inner, pads)]
+                return [self.store(n, out, self.read(x, src))]
 
-        def body(idx):
-            src = [add(e, c(-lo)) for e, (lo, _) in zip(idx, pads)]
-            conds = [_in_range(e, s) for e, s, (lo, hi) in zip(src, x.shape, pads) if lo > 0 or hi > 0]
-            v = self.read(x, src)
-            return [self.store(n, idx, Op("where", (_and(*conds), v, val), n.dtype) if conds else v)]
+            nests += self.loops([b - a for a, b in inner], "i", copy, True)
+        for d, (a, b) in enumerate(inner):
+            for lo, hi in ((0, a), (max(a, b), n.shape[d])):
+                if hi > lo:
+                    def fill(idx, d=d, lo=lo):
+                        return [self.store(n, [add(e, c(lo)) if k == d else e for k, e in enumerate(idx)], val)]
 
-        self.emit(n, self.loops(n.shape, "i", body, True))
+                    shape = [hi - lo if k == d else s for k, s in enumerate(n.shape)]
+                    nests += self.loops(shape, f"p{d}_{lo}_", fill, True)
+        self.emit(n, nests)
 
     def generator(self, n: Node) -> None:
         self.emit(n, self.loops(n.shape, "i", lambda idx: [self.store(n, idx, self.read(n, idx))], True))
