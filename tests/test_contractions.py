@@ -85,6 +85,11 @@ CONVS = {
     "grouped": dict(x=(1, 16, 10, 10), w=(24, 4, 3, 3), padding=1, groups=4),
     "dilated": dict(x=(1, 8, 17, 15), w=(12, 8, 3, 3), padding=2, dilation=2),
     "depthwise": dict(x=(1, 12, 9, 9), w=(12, 1, 3, 3), padding=1, groups=12),
+    # small maps: plane by plane through a zero-halo copy (stride, dilation, 5x5, no padding)
+    "depthwise_5x5_pad2": dict(x=(2, 12, 14, 14), w=(12, 1, 5, 5), padding=2, groups=12),
+    "depthwise_s2_dilated": dict(x=(1, 6, 15, 13), w=(6, 1, 3, 3), stride=2, padding=2, dilation=2, groups=6),
+    "depthwise_no_pad_odd": dict(x=(1, 5, 7, 11), w=(5, 1, 3, 2), groups=5),
+    "depthwise_wide_rows": dict(x=(1, 4, 6, 70), w=(4, 1, 3, 3), padding=1, groups=4),
     "odd_channels_no_pad": dict(x=(1, 5, 19, 23), w=(7, 5, 3, 2)),
     # output rows wider than a panel: panel rows inside one image row and the padding are vector
     # copies, the others (row crossings, borders) element by element

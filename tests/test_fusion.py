@@ -250,11 +250,23 @@ def test_producer_not_recomputed_in_a_strided_depthwise_conv():
     the recomputation budget, but recomputing inside a contraction's reduction keeps its
     operand from being a plain load (it was measured slower), so the producer stays."""
     b = GraphBuilder()
-    x, w = b.input(0, [1, 8, 16, 16], F32), b.input(1, [8, 1, 3, 3], F32)
+    x, w = b.input(0, [1, 8, 80, 80], F32), b.input(1, [8, 1, 3, 3], F32)  # wide: the row form
     act = b.ew("relu", b.ew("add", b.ew("mul", x, b.full(0.5, F32)), b.full(1.0, F32)))
     conv = b.node("conv2d", (act, w), stride=(2, 2), padding=(1, 1), dilation=(1, 1), groups=8)
     out = fuse_producers.fuse_producers(parallelize.check_parallel(build(b.graph([conv]))))
     assert len(out.kernels) == 2 and "relu" not in out.kernels[-1].origin
+
+
+def test_producer_fused_into_a_small_depthwise_plane_copy():
+    """On small maps a depthwise convolution copies each input plane once into a zero-halo
+    buffer: the producer is read once per element there and is recomputed in the copy."""
+    b = GraphBuilder()
+    x, w = b.input(0, [1, 8, 16, 16], F32), b.input(1, [8, 1, 3, 3], F32)
+    act = b.ew("relu", b.ew("add", b.ew("mul", x, b.full(0.5, F32)), b.full(1.0, F32)))
+    conv = b.node("conv2d", (act, w), stride=(2, 2), padding=(1, 1), dilation=(1, 1), groups=8)
+    out = fuse_producers.fuse_producers(parallelize.check_parallel(build(b.graph([conv]))))
+    (k,) = out.kernels
+    assert "relu" in k.origin and any(isinstance(s, Alloc) and s.name == "xplane" for s in walk_stmts(k.body))
 
 
 def test_producer_reading_a_later_write_is_not_moved():
