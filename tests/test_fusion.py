@@ -18,7 +18,8 @@ import torch.nn.functional as F
 
 import polytile
 from polytile.affine.build import build
-from polytile.affine.ir import Alloc, Buffer, Const, For, Kernel, Load, Op, Program, Store, Var, c, walk_stmts
+from polytile.affine.ir import (Alloc, Buffer, Const, For, Kernel, Load, Op, Program, Store, Var, c, stmt_exprs,
+                               walk_exprs, walk_stmts)
 from polytile.affine.printer import format_program
 from polytile.graph import compose
 from polytile.graph.builder import GraphBuilder
@@ -377,7 +378,7 @@ def test_pad_is_an_interior_copy_and_fills_and_fuses_affinely():
     for name, fn in PASSES:
         p = fn(p, Options(threads=1))
     (k,) = p.kernels
-    ops = {x.fn for s in walk_stmts(k.body) for e in _stmt_exprs(s) for x in _walk(e) if isinstance(x, Op)}
+    ops = {x.fn for s in walk_stmts(k.body) for e in stmt_exprs(s) for x in walk_exprs(e) if isinstance(x, Op)}
     assert "sigmoid" in ops and not ops & {"floordiv", "remainder", "where"}
     assert len([s for s in k.body if isinstance(s, For)]) == 4  # interior, one slab in H, two in W
     xs = torch.randn(2, 8, 12, 12)
@@ -385,15 +386,3 @@ def test_pad_is_an_interior_copy_and_fills_and_fuses_affinely():
     torch._dynamo.reset()
     out = torch.compile(fn, backend="polytile", options={"fallback": False})(xs)
     torch.testing.assert_close(out, fn(xs))
-
-
-def _stmt_exprs(s):
-    from polytile.affine.ir import stmt_exprs
-
-    return stmt_exprs(s)
-
-
-def _walk(e):
-    from polytile.affine.ir import walk_exprs
-
-    return walk_exprs(e)

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import torch
 
-import polytile
-from polytile.affine.ir import Buffer, For, If, Kernel, Let, Load, Op, Program, Store, Var, c, walk_exprs, walk_stmts
+import polytile  # noqa: F401  (registers the backend)
+from polytile.affine.ir import (Buffer, For, If, Kernel, Let, Load, Op, Program, Store, Var, c, stmt_exprs, walk_exprs,
+                               walk_stmts)
 from polytile.transform.hoist import hoist_divisors
 
 from accuracy import assert_accurate, fp64_reference
@@ -28,14 +29,8 @@ def _div(a, b):
 
 
 def _divs(p):
-    return [x for s in walk_stmts(p.kernels[0].body) for e in _exprs(s) for x in walk_exprs(e)
+    return [x for s in walk_stmts(p.kernels[0].body) for e in stmt_exprs(s) for x in walk_exprs(e)
             if isinstance(x, Op) and x.fn == "div"]
-
-
-def _exprs(s):
-    from polytile.affine.ir import stmt_exprs
-
-    return stmt_exprs(s)
 
 
 def test_invariant_divisor_becomes_a_reciprocal_before_the_loop():

@@ -1,21 +1,13 @@
 """Register tiling with packing for contraction nests (the BLIS structure, derived on the
-affine IR).
-
-It applies to any nest of this form, whatever op it came from, found from its accesses:
-
-    for p... (parallel), for i (parallel), for j1..jq (parallel):
-      acc = 0
-      for r1..rs:  [if cond:]  acc = acc + X * Y
-      C[f(p, i, j)] = epilogue(acc, loads at (p, i, j))
-
-where X does not depend on the j loops and Y not on i (matmul, batched matmul, linear,
+affine IR), for any nest ``contraction_nest.match`` finds (matmul, batched matmul, linear,
 and convolution: i = output channel, j = output pixels (oh, ow), r = (ci, kh, kw), the
-padding test as ``cond``). The j loops are coalesced into one loop J and the r loops into
-one loop R (X must be contiguous over the r loops). It becomes
+padding test as ``cond``), whatever op it came from. With J the coalesced columns and R the
+coalesced reduction, it becomes
 
     pack:  Yp[p][J/NR][R][NR] = cond ? Y : 0      copy generation: any layout of Y (a
                                                   transposed weight, im2col of an image)
-                                                  becomes contiguous
+                                                  becomes contiguous; per panel inside the
+                                                  panel loop when a panel fits in L2
     main:  for p..., jo, io (parallel, OpenMP):
              MR x NV vector accumulators (scalar replacement; i unrolled and jammed)
              for R: NV vector loads of Yp, MR scalar loads of X, MR*NV broadcast FMAs
@@ -24,21 +16,20 @@ one loop R (X must be contiguous over the r loops). It becomes
            when N % NR != 0, is packed with zeros past N and its tile stores only the columns
            that exist (partial tiles, no padding copies of the tensors)
 
-Few columns (N < NR, matrix-vector products) and X contiguous along R get the dot form
-instead: Y packed transposed, Yt[bl][J][R]; MD x ND vector accumulators over R (rows of X and
-columns of Yt streamed once, VW lanes of the reduction at a time), summed across lanes and
-finished with the R % VW tail at the store.
-
-MR, NR come from the Target: NR = 2 vectors, MR = what the remaining vector registers hold.
+Few columns (N < NR) go to the dot form (``dot_form``) instead. MR, NR come from the Target:
+NR = 2 vectors, MR = what the remaining vector registers hold.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from ..affine.ir import (Alloc, Assign, Buffer, Const, Expr, For, If, Kernel, Let, Load, Op, Program, Stmt,
                          Store, Var, add, c, mul, trip_count, vector_type, walk_exprs)
 from ..affine.linear import linear_form, to_expr
 from ..target import Target
+from .contraction_nest import (Nest, batch_index, contiguous, decompose, epilogue_store, in_group, match, orient,
+                               strides)
+from .dot_form import dot_form
 from .fusion_util import map_expr, subst_vars
 
 MIN_WORK = 32 * 32 * 32  # multiply-adds below which tiling is not worth a packing pass
@@ -54,141 +45,6 @@ def tile_sizes(t: Target) -> tuple[int, int, int]:
     return mr, nv, vw
 
 
-@dataclass
-class _Nest:
-    batch: list[For]
-    iloop: For
-    jloops: list[For]
-    rloops: list[For]
-    acc: str
-    cond: Expr | None
-    x: Load  # invariant in the j loops (packed too unless contiguous over the r loops)
-    y: Load  # invariant in i
-    store: Store
-
-
-def _uses(e: Expr, names) -> bool:
-    return any(isinstance(v, Var) and v.name in names for v in walk_exprs(e))
-
-
-def _match(k: Kernel) -> _Nest | None:
-    if not k.contraction or len(k.body) != 1 or not isinstance(k.body[0], For):
-        return None
-    loops = [k.body[0]]
-    while len(loops[-1].body) == 1 and isinstance(loops[-1].body[0], For):
-        loops.append(loops[-1].body[0])
-    if len(loops) < 2 or not all(f.parallel and trip_count(f) and f.lo == c(0) for f in loops):
-        return None
-    body = loops[-1].body
-    if len(body) != 3:
-        return None
-    let, red, st = body
-    if not (isinstance(let, Let) and let.dtype == "float32" and let.value == Const(0, "float32")
-            and isinstance(red, For) and isinstance(st, Store)):
-        return None
-    rloops = [red]
-    while len(rloops[-1].body) == 1 and isinstance(rloops[-1].body[0], For):
-        rloops.append(rloops[-1].body[0])
-    if not all(trip_count(f) and f.lo == c(0) and not f.parallel for f in rloops):
-        return None
-    inner = rloops[-1].body
-    cond = None
-    if len(inner) == 1 and isinstance(inner[0], If) and not inner[0].orelse:
-        cond, inner = inner[0].cond, inner[0].then
-    if len(inner) != 1 or not isinstance(inner[0], Assign) or inner[0].name != let.name:
-        return None
-    v = inner[0].value
-    if not (isinstance(v, Op) and v.fn == "add" and v.args[0] == Var(let.name, "float32")
-            and isinstance(v.args[1], Op) and v.args[1].fn == "mul"):
-        return None
-    ops = v.args[1].args
-    if not all(isinstance(o, Load) and linear_form(o.index) is not None for o in ops):
-        return None
-    rvars = [f.var for f in rloops]
-    for x, y in (ops, ops[::-1]):
-        fx, fy = linear_form(x.index)[0], linear_form(y.index)[0]
-        # j loops: the trailing band loops X does not depend on; i: the loop before them
-        q = 0
-        while q < len(loops) - 1 and fx.get(loops[-1 - q].var, 0) == 0:
-            q += 1
-        if q == 0:
-            continue
-        iloop, jloops = loops[-1 - q], loops[len(loops) - q:]
-        if fy.get(iloop.var, 0) != 0 or fx.get(iloop.var, 0) == 0:
-            continue
-        if cond is not None and _uses(cond, {iloop.var}):
-            continue
-        if _uses(st.index, {let.name}):
-            return None
-        return _Nest(loops[:len(loops) - q - 1], iloop, jloops, rloops, let.name, cond, x, y, st)
-    return None
-
-
-def _orient(k: Kernel, n: _Nest, nr: int) -> tuple[Kernel, _Nest]:
-    """Swap the row and column loops (both parallel, perfectly nested) when the row operand is
-    strided along the reduction and the swap makes the operand to pack along rows smaller or
-    contiguous (a transposed A: vectors then run along A's contiguous rows instead)."""
-    if len(n.jloops) != 1:
-        return k, n
-    rn = [f.var for f in n.rloops]
-    if _contiguous(linear_form(n.x.index)[0], rn, n.rloops):
-        return k, n
-    M, N = trip_count(n.iloop), trip_count(n.jloops[0])
-    y_rows = _contiguous(linear_form(n.y.index)[0], rn, n.rloops)
-    if M < nr or not (y_rows or N < M):
-        return k, n
-    i, j = n.iloop, n.jloops[0]
-    inner: Stmt = replace(j, body=(replace(i, body=j.body),))
-    for f in reversed(n.batch):
-        inner = replace(f, body=(inner,))
-    k2 = replace(k, body=(inner,))
-    n2 = _match(k2)
-    return (k2, n2) if n2 is not None else (k, n)
-
-
-def _contiguous(coefs: dict[str, int], names: list[str], loops: list[For]) -> bool:
-    """Whether a linear form walks the loops ``names`` (outermost first) as one contiguous range."""
-    stride = 1
-    for v, f in reversed(list(zip(names, loops))):
-        if coefs.get(v, 0) != stride:
-            return False
-        stride *= trip_count(f)
-    return True
-
-
-def _flat(names: list[str], loops: list[For], flat: Expr) -> dict[str, Expr]:
-    """Each loop variable of a coalesced group as a function of the group's flat index."""
-    out, stride = {}, 1
-    for v, f in reversed(list(zip(names, loops))):
-        n = trip_count(f)
-        e = Op("floordiv", (flat, c(stride)), "int64") if stride > 1 else flat
-        out[v] = Op("remainder", (e, c(n)), "int64") if f is not loops[0] else e
-        stride *= n
-    return out
-
-
-def _in_group(e: Expr, names: list[str], loops: list[For], flat: Expr) -> Expr:
-    """``e`` with the group's variables replaced by the flat index: loads that walk the group
-    contiguously (times a scale) get ``scale * flat``; anything else gets div/mod."""
-    decomp = _flat(names, loops, flat)
-
-    def fix(x):
-        if isinstance(x, Load):
-            lf = linear_form(x.index)
-            if lf is not None:
-                ks = [lf[0].get(v, 0) for v in names]
-                last = ks[-1]
-                rest = {v: k for v, k in lf[0].items() if v not in names}
-                if last and _contiguous({v: k // last for v, k in zip(names, ks) if k % last == 0}, names, loops) \
-                        and all(k % last == 0 for k in ks):
-                    return replace(x, index=add(to_expr(rest, lf[1]), mul(flat, c(last))))
-            return replace(x, index=subst_vars(x.index, decomp))
-        return x
-
-    e = map_expr(e, fix)
-    return subst_vars(e, decomp)
-
-
 def tile_contractions(p: Program, target: Target) -> Program:
     mr, nv, vw = tile_sizes(target)
     nr = nv * vw
@@ -197,9 +53,9 @@ def tile_contractions(p: Program, target: Target) -> Program:
     buffers = list(p.buffers)
     sizes = {b.name: b.size for b in p.buffers}
     for k in p.kernels:
-        n = _match(k)
+        n = match(k)
         if n is not None:
-            k, n = _orient(k, n, nr)
+            k, n = orient(k, n, nr)
         M = trip_count(n.iloop) if n else 0
         N = K = 1
         if n:
@@ -208,10 +64,10 @@ def tile_contractions(p: Program, target: Target) -> Program:
             for f in n.rloops:
                 K *= trip_count(f)
         if n is not None and N < nr and n.cond is None and K >= 2 * vw and M * N * K >= MIN_WORK // 8 \
-                and _contiguous(linear_form(n.x.index)[0], [f.var for f in n.rloops], n.rloops):
-            kernels.extend(_dot_form(k, n, M, N, K, vw, target.vector_registers, buffers))
+                and contiguous(linear_form(n.x.index)[0], [f.var for f in n.rloops], n.rloops):
+            kernels.extend(dot_form(k, n, M, N, K, vw, target.vector_registers, buffers))
             continue
-        if n is None or M < mr or N < nr or M * N * K * _batch_size(n) < MIN_WORK:
+        if n is None or M < mr or N < nr or M * N * K * batch_index(n.batch)[0] < MIN_WORK:
             kernels.append(k)
             continue
         MI, NJ = M // mr, N // nr
@@ -224,9 +80,7 @@ def tile_contractions(p: Program, target: Target) -> Program:
         fy = linear_form(n.y.index)[0]
         cond_vars = {v.name for v in walk_exprs(n.cond) if isinstance(v, Var)} if n.cond is not None else set()
         bdeps = [f for f in n.batch if fy.get(f.var, 0) != 0 or f.var in cond_vars]
-        nbatch = 1
-        for f in bdeps:
-            nbatch *= trip_count(f)
+        nbatch, bl = batch_index(bdeps)
         # each panel packed inside the panel loop, into a local buffer that stays in L2 for all the
         # row tiles that use it (no round trip of the packed copy through memory), when it fits,
         # there are panels enough to share among the cores and no batch loop would repack it
@@ -237,12 +91,9 @@ def tile_contractions(p: Program, target: Target) -> Program:
         pk = f"pk{sum(1 for x in buffers if x.name.startswith('pk'))}"  # packed panels (a temp in the arena)
         if not fused:
             buffers.append(Buffer(pk, "float32", nbatch * NJt * K * nr, "temp"))
-        bl: Expr = c(0)
-        for f in bdeps:
-            bl = add(mul(bl, c(trip_count(f))), Var(f.var))
-        jo, io, jj, ii = "jo", "io", "jj", "ii"
-        jdec = _flat(jn, n.jloops, add(mul(Var(jo), c(nr)), Var(jj)))
-        rflat = to_expr({v: s for v, s in zip(rn, _strides(n.rloops))}, 0)
+        jo, jj, ii = "jo", "jj", "ii"
+        jdec = decompose(jn, n.jloops, add(mul(Var(jo), c(nr)), Var(jj)))
+        rflat = to_expr({v: s for v, s in zip(rn, strides(n.rloops))}, 0)
         pidx = add(mul(add(mul(add(mul(bl, c(NJt)), Var(jo)), c(K)), rflat), c(nr)), Var(jj))
         pval: Expr = subst_vars(n.y, {**jdec, i: c(0)})
         if n.cond is not None:
@@ -323,19 +174,14 @@ def tile_contractions(p: Program, target: Target) -> Program:
         # ---- main nest over full tiles; the rows left over get a narrower tile on the same panels
         xpack = None
         fx = linear_form(n.x.index)[0]
-        if not _contiguous(fx, rn, n.rloops):
+        if not contiguous(fx, rn, n.rloops):
             # the row operand is strided along the reduction (a transposed A): pack it into
             # Xp[bx][tile][R][mr] too, rows past M left out (the tail tile reads only its rows)
             xdeps = [f for f in n.batch if fx.get(f.var, 0) != 0]
-            nbx = 1
-            for f in xdeps:
-                nbx *= trip_count(f)
+            nbx, xbl = batch_index(xdeps)
             mt = MI + (1 if M % mr else 0)
             xb = f"pk{sum(1 for x in buffers if x.name.startswith('pk'))}"
             buffers.append(Buffer(xb, "float32", nbx * mt * K * mr, "temp"))
-            xbl: Expr = c(0)
-            for f in xdeps:
-                xbl = add(mul(xbl, c(trip_count(f))), Var(f.var))
             row = add(mul(Var("it"), c(mr)), Var(ii))
             xidx = add(mul(add(mul(add(mul(xbl, c(mt)), Var("it")), c(K)), rflat), c(mr)), Var(ii))
             xbody: Stmt = If(Op("lt", (row, c(M)), "bool"), (Store(xb, xidx, subst_vars(n.x, {i: row})),))
@@ -378,7 +224,7 @@ def tile_contractions(p: Program, target: Target) -> Program:
     return replace(p, kernels=tuple(kernels), buffers=tuple(buffers))
 
 
-def _tile_nest(n: _Nest, rows: list[tuple[int, Expr, int]], nv: int, vw: int, vt: str, pk: str, bl: Expr,
+def _tile_nest(n: Nest, rows: list[tuple[int, Expr, int]], nv: int, vw: int, vt: str, pk: str, bl: Expr,
                NJ: int, K: int, R: Var, xpack, panels: tuple[int, int, int], local=None, block=None) -> Stmt:
     """for p..., jo in [lo, hi): for each (mr, i0, MI) of ``rows``, io < MI: an mr x (nv*vw) tile of
     rows i0 + io*mr + [0, mr) on panel jo; ``panels`` = (lo, hi, columns stored of each panel).
@@ -406,18 +252,17 @@ def _tile_nest(n: _Nest, rows: list[tuple[int, Expr, int]], nv: int, vw: int, vt
     return main
 
 
-def _row_tiles(n: _Nest, mr: int, i0: Expr, MI: int, nv: int, vw: int, vt: str, ybuf: str, panel: Expr, K: int,
+def _row_tiles(n: Nest, mr: int, i0: Expr, MI: int, nv: int, vw: int, vt: str, ybuf: str, panel: Expr, K: int,
                R: Var, xpack, width: int) -> For:
     """io < MI: the mr x (nv*vw) register tile of rows i0 + io*mr + [0, mr) times panel jo (at
     ``panel`` + R*nr in ``ybuf``), then its epilogue on the first ``width`` columns."""
     nr = nv * vw
     i = n.iloop.var
-    jn = [f.var for f in n.jloops]
     rn = [f.var for f in n.rloops]
     jo, io, jj, ii = "jo", "io", "jj", "ii"
     accs = [[f"acc{x}_{y}" for y in range(nv)] for x in range(mr)]  # (C names b<n> are buffers)
     inner: list[Stmt] = [Let(f"yv{y}", vt, Load(ybuf, add(panel, c(y * vw)), vt)) for y in range(nv)]
-    xr = _in_group(n.x, rn, n.rloops, R)
+    xr = in_group(n.x, rn, n.rloops, R)
     row0 = add(i0, mul(Var(io), c(mr)))
     for x in range(mr):
         if xpack is not None:
@@ -440,112 +285,6 @@ def _row_tiles(n: _Nest, mr: int, i0: Expr, MI: int, nv: int, vw: int, vt: str, 
     jvar = add(mul(Var(jo), c(nr)), Var(jj))
     tval = Load(tile, add(mul(Var(ii), c(nr)), Var(jj)), "float32")
     value = map_expr(n.store.value, lambda e: tval if isinstance(e, Var) and e.name == n.acc else e)
-    epi = Store(n.store.buf, subst_vars(_in_group(Load("_", n.store.index, "float32"), jn, n.jloops, jvar).index,
-                                        {i: ivar}),
-                subst_vars(_in_group(value, jn, n.jloops, jvar), {i: ivar}))
+    epi = epilogue_store(n, value, ivar, jvar)
     body.append(For(ii, c(0), c(mr), (For(jj, c(0), c(width), (epi,)),)))
     return For(io, c(0), c(MI), tuple(body), parallel=True)
-
-
-def _batch_size(n: _Nest) -> int:
-    """Instances of the contraction (batch, groups): the packing pays off over all of them."""
-    out = 1
-    for f in n.batch:
-        out *= trip_count(f)
-    return out
-
-
-def _strides(loops: list[For]) -> list[int]:
-    out, s = [], 1
-    for f in reversed(loops):
-        out.append(s)
-        s *= trip_count(f)
-    return out[::-1]
-
-
-def _dot_form(k: Kernel, n: _Nest, M: int, N: int, K: int, vw: int, regs: int, buffers: list) -> list[Kernel]:
-    """Few columns: vectorize the reduction instead of the columns (see the module doc)."""
-    vt = vector_type("float32", vw)
-    i = n.iloop.var
-    jn, rn = [f.var for f in n.jloops], [f.var for f in n.rloops]
-    fy = linear_form(n.y.index)[0]
-    bdeps = [f for f in n.batch if fy.get(f.var, 0) != 0]
-    nbatch = 1
-    for f in bdeps:
-        nbatch *= trip_count(f)
-    pk = f"pk{sum(1 for x in buffers if x.name.startswith('pk'))}"
-    buffers.append(Buffer(pk, "float32", nbatch * N * K, "temp"))
-    bl: Expr = c(0)
-    for f in bdeps:
-        bl = add(mul(bl, c(trip_count(f))), Var(f.var))
-    rflat = to_expr({v: s for v, s in zip(rn, _strides(n.rloops))}, 0)
-    jdec = _flat(jn, n.jloops, Var("jt"))
-    pbody: Stmt = Store(pk, add(mul(add(mul(bl, c(N)), Var("jt")), c(K)), rflat), subst_vars(n.y, {**jdec, i: c(0)}))
-    for f in reversed(n.rloops):
-        pbody = replace(f, body=(pbody,))
-    pnest: Stmt = For("jt", c(0), c(N), (pbody,), parallel=True)
-    for f in reversed(bdeps):
-        pnest = replace(f, body=(pnest,))
-    pack = Kernel(f"{k.name}_pack", (pnest,), f"pack {n.y.buf} transposed for {k.origin}"[:160])
-    nd = min(N, 4)
-    md = max(1, min(8, (regs - nd - 1) // nd, M))
-    roots = []
-    for i0, mdx, mi in ((0, md, M // md), ((M // md) * md, M % md, 1)):
-        if mdx == 0:
-            continue
-        for j0, ndx, nj in ((0, nd, N // nd), ((N // nd) * nd, N % nd, 1)):
-            if ndx:
-                roots.append(_dot_nest(n, vt, vw, pk, bl, N, K, i0, mdx, mi, j0, ndx, nj))
-    return [pack, replace(k, body=tuple(roots))]
-
-
-def _dot_nest(n: _Nest, vt: str, vw: int, pk: str, bl: Expr, N: int, K: int,
-              i0: int, md: int, mi: int, j0: int, nd: int, nj: int) -> Stmt:
-    """for p..., io < mi, jo < nj: rows i0 + io*md + [0, md) times columns j0 + jo*nd + [0, nd)."""
-    i = n.iloop.var
-    jn, rn = [f.var for f in n.jloops], [f.var for f in n.rloops]
-    io, jo, ii, jj, R, rr = "io", "jo", "ii", "jj", "rv", "rr"
-    row0 = add(c(i0), mul(Var(io), c(md)))
-    col0 = add(c(j0), mul(Var(jo), c(nd)))
-    accs = [[f"acc{x}_{y}" for y in range(nd)] for x in range(md)]
-    kv = K // vw
-    inner: list[Stmt] = []
-    for y in range(nd):
-        yi = add(mul(add(mul(bl, c(N)), add(col0, c(y))), c(K)), mul(Var(R), c(vw)))
-        inner.append(Let(f"yv{y}", vt, Load(pk, yi, vt)))
-    xr = _in_group(n.x, rn, n.rloops, mul(Var(R), c(vw)))
-    for x in range(md):
-        xl = subst_vars(xr, {i: add(row0, c(x))})
-        inner.append(Let(f"xv{x}", vt, replace(xl, dtype=vt)))
-        for y in range(nd):
-            prod = Op("mul", (Var(f"xv{x}", vt), Var(f"yv{y}", vt)), vt)
-            inner.append(Assign(accs[x][y], Op("add", (Var(accs[x][y], vt), prod), vt)))
-    tile = "ctile"
-    body: list[Stmt] = [Alloc(tile, "float32", md * nd * vw)]
-    body += [Let(accs[x][y], vt, Op("broadcast", (Const(0.0, "float32"),), vt)) for x in range(md) for y in range(nd)]
-    body.append(For(R, c(0), c(kv), tuple(inner)))
-    body += [Store(tile, c((x * nd + y) * vw), Var(accs[x][y], vt)) for x in range(md) for y in range(nd)]
-    ivar, jvar = add(row0, Var(ii)), add(col0, Var(jj))
-    s = Var("dsum", "float32")
-    lane = Var("ln")
-    xs = subst_vars(_in_group(n.x, rn, n.rloops, Var(rr)), {i: ivar})
-    ys = Load(pk, add(mul(add(mul(bl, c(N)), jvar), c(K)), Var(rr)), "float32")
-    finish: list[Stmt] = [
-        Let(s.name, "float32", Const(0.0, "float32")),
-        For(lane.name, c(0), c(vw), (Assign(s.name, Op("add", (s, Load(tile, add(mul(add(mul(Var(ii), c(nd)), Var(jj)),
-                                                                                        c(vw)), lane), "float32")),
-                                                          "float32")),)),
-    ]
-    if K % vw:
-        finish.append(For(rr, c(kv * vw), c(K), (Assign(s.name, Op("add", (s, Op("mul", (xs, ys), "float32")),
-                                                                        "float32")),)))
-    value = map_expr(n.store.value, lambda e: s if isinstance(e, Var) and e.name == n.acc else e)
-    epi = Store(n.store.buf, subst_vars(_in_group(Load("_", n.store.index, "float32"), jn, n.jloops, jvar).index,
-                                        {i: ivar}),
-                subst_vars(_in_group(value, jn, n.jloops, jvar), {i: ivar}))
-    finish.append(epi)
-    body.append(For(ii, c(0), c(md), (For(jj, c(0), c(nd), tuple(finish)),)))
-    main: Stmt = For(io, c(0), c(mi), (For(jo, c(0), c(nj), tuple(body)),), parallel=True)
-    for f in reversed(n.batch):
-        main = replace(f, body=(main,))
-    return main

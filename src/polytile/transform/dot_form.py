@@ -1,0 +1,97 @@
+"""The dot form of a contraction with few columns (N < NR: matrix-vector products).
+
+When X is contiguous along the reduction, vectorizing the columns would leave most lanes
+empty; the reduction is vectorized instead. Y is packed transposed, Yt[bl][J][R]; MD x ND
+vector accumulators run over R (rows of X and columns of Yt streamed once, VW lanes of the
+reduction at a time); the lanes are summed and the R % VW tail added at the store.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from ..affine.ir import (Alloc, Assign, Buffer, Const, Expr, For, Kernel, Let, Load, Op, Stmt, Store, Var, add, c,
+                         mul, vector_type)
+from ..affine.linear import linear_form, to_expr
+from .contraction_nest import Nest, batch_index, decompose, epilogue_store, in_group, strides
+from .fusion_util import map_expr, subst_vars
+
+
+def dot_form(k: Kernel, n: Nest, M: int, N: int, K: int, vw: int, regs: int, buffers: list) -> list[Kernel]:
+    """Few columns: vectorize the reduction instead of the columns (see the module doc)."""
+    vt = vector_type("float32", vw)
+    i = n.iloop.var
+    jn, rn = [f.var for f in n.jloops], [f.var for f in n.rloops]
+    fy = linear_form(n.y.index)[0]
+    bdeps = [f for f in n.batch if fy.get(f.var, 0) != 0]
+    nbatch, bl = batch_index(bdeps)
+    pk = f"pk{sum(1 for x in buffers if x.name.startswith('pk'))}"
+    buffers.append(Buffer(pk, "float32", nbatch * N * K, "temp"))
+    rflat = to_expr({v: s for v, s in zip(rn, strides(n.rloops))}, 0)
+    jdec = decompose(jn, n.jloops, Var("jt"))
+    pbody: Stmt = Store(pk, add(mul(add(mul(bl, c(N)), Var("jt")), c(K)), rflat), subst_vars(n.y, {**jdec, i: c(0)}))
+    for f in reversed(n.rloops):
+        pbody = replace(f, body=(pbody,))
+    pnest: Stmt = For("jt", c(0), c(N), (pbody,), parallel=True)
+    for f in reversed(bdeps):
+        pnest = replace(f, body=(pnest,))
+    pack = Kernel(f"{k.name}_pack", (pnest,), f"pack {n.y.buf} transposed for {k.origin}"[:160])
+    nd = min(N, 4)
+    md = max(1, min(8, (regs - nd - 1) // nd, M))
+    roots = []
+    for i0, mdx, mi in ((0, md, M // md), ((M // md) * md, M % md, 1)):
+        if mdx == 0:
+            continue
+        for j0, ndx, nj in ((0, nd, N // nd), ((N // nd) * nd, N % nd, 1)):
+            if ndx:
+                roots.append(_dot_nest(n, vt, vw, pk, bl, N, K, i0, mdx, mi, j0, ndx, nj))
+    return [pack, replace(k, body=tuple(roots))]
+
+
+def _dot_nest(n: Nest, vt: str, vw: int, pk: str, bl: Expr, N: int, K: int,
+              i0: int, md: int, mi: int, j0: int, nd: int, nj: int) -> Stmt:
+    """for p..., io < mi, jo < nj: rows i0 + io*md + [0, md) times columns j0 + jo*nd + [0, nd)."""
+    i = n.iloop.var
+    rn = [f.var for f in n.rloops]
+    io, jo, ii, jj, R, rr = "io", "jo", "ii", "jj", "rv", "rr"
+    row0 = add(c(i0), mul(Var(io), c(md)))
+    col0 = add(c(j0), mul(Var(jo), c(nd)))
+    accs = [[f"acc{x}_{y}" for y in range(nd)] for x in range(md)]
+    kv = K // vw
+    inner: list[Stmt] = []
+    for y in range(nd):
+        yi = add(mul(add(mul(bl, c(N)), add(col0, c(y))), c(K)), mul(Var(R), c(vw)))
+        inner.append(Let(f"yv{y}", vt, Load(pk, yi, vt)))
+    xr = in_group(n.x, rn, n.rloops, mul(Var(R), c(vw)))
+    for x in range(md):
+        xl = subst_vars(xr, {i: add(row0, c(x))})
+        inner.append(Let(f"xv{x}", vt, replace(xl, dtype=vt)))
+        for y in range(nd):
+            prod = Op("mul", (Var(f"xv{x}", vt), Var(f"yv{y}", vt)), vt)
+            inner.append(Assign(accs[x][y], Op("add", (Var(accs[x][y], vt), prod), vt)))
+    tile = "ctile"
+    body: list[Stmt] = [Alloc(tile, "float32", md * nd * vw)]
+    body += [Let(accs[x][y], vt, Op("broadcast", (Const(0.0, "float32"),), vt)) for x in range(md) for y in range(nd)]
+    body.append(For(R, c(0), c(kv), tuple(inner)))
+    body += [Store(tile, c((x * nd + y) * vw), Var(accs[x][y], vt)) for x in range(md) for y in range(nd)]
+    ivar, jvar = add(row0, Var(ii)), add(col0, Var(jj))
+    s = Var("dsum", "float32")
+    lane = Var("ln")
+    xs = subst_vars(in_group(n.x, rn, n.rloops, Var(rr)), {i: ivar})
+    ys = Load(pk, add(mul(add(mul(bl, c(N)), jvar), c(K)), Var(rr)), "float32")
+    finish: list[Stmt] = [
+        Let(s.name, "float32", Const(0.0, "float32")),
+        For(lane.name, c(0), c(vw), (Assign(s.name, Op("add", (s, Load(tile, add(mul(add(mul(Var(ii), c(nd)), Var(jj)),
+                                                                                        c(vw)), lane), "float32")),
+                                                          "float32")),)),
+    ]
+    if K % vw:
+        finish.append(For(rr, c(kv * vw), c(K), (Assign(s.name, Op("add", (s, Op("mul", (xs, ys), "float32")),
+                                                                        "float32")),)))
+    value = map_expr(n.store.value, lambda e: s if isinstance(e, Var) and e.name == n.acc else e)
+    epi = epilogue_store(n, value, ivar, jvar)
+    finish.append(epi)
+    body.append(For(ii, c(0), c(md), (For(jj, c(0), c(nd), tuple(finish)),)))
+    main: Stmt = For(io, c(0), c(mi), (For(jo, c(0), c(nj), tuple(body)),), parallel=True)
+    for f in reversed(n.batch):
+        main = replace(f, body=(main,))
+    return main
