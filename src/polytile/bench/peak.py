@@ -18,13 +18,15 @@ double pt_peak(long iters, int threads) {
   float sink = 0;
   #pragma omp parallel num_threads(threads) reduction(+:sink)
   {
-    vf a[%(acc)d], b, c;
+    vf b, c;
     for (int i = 0; i < %(lanes)d; ++i) { b[i] = 1.0f - 1e-7f * i; c[i] = 1e-9f; }
-    for (int j = 0; j < %(acc)d; ++j) a[j] = b * (float)(j + 1);
+%(decl)s
     for (long n = 0; n < iters; ++n) {
-      for (int j = 0; j < %(acc)d; ++j) a[j] = a[j] * b + c;
+%(body)s
     }
-    for (int j = 0; j < %(acc)d; ++j) for (int i = 0; i < %(lanes)d; ++i) sink += a[j][i];
+    vf s = c;
+%(sum)s
+    for (int i = 0; i < %(lanes)d; ++i) sink += s[i];
   }
   double dt = omp_get_wtime() - t0;
   return sink == 12345.0f ? 0 : 2.0 * %(lanes)d * %(acc)d * (double)iters * threads / dt;
@@ -38,7 +40,16 @@ def fma_peak(threads: int, target: Target | None = None, options: Options | None
     t = target or detect()
     o = options or Options()
     acc = max(8, t.vector_registers - 4)
-    src = _SRC % {"vb": t.vector_bytes, "lanes": t.lanes(4), "acc": acc}
+    # one named variable per accumulator: an array of them lets gcc interchange the
+    # loops into latency-bound chains kept in memory
+    names = [f"a{j}" for j in range(acc)]
+    src = _SRC % {
+        "vb": t.vector_bytes, "lanes": t.lanes(4),
+        "decl": "\n".join(f"    vf {a} = b * {j + 1}.0f;" for j, a in enumerate(names)),
+        "body": "\n".join(f"      {a} = {a} * b + c;" for a in names),
+        "sum": "\n".join(f"    s += {a};" for a in names),
+        "acc": acc,
+    }
     with tempfile.TemporaryDirectory(prefix="polytile-peak-") as d:
         c, so = os.path.join(d, "peak.c"), os.path.join(d, "peak.so")
         with open(c, "w") as f:
