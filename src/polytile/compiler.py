@@ -10,12 +10,14 @@ from .affine.build import build
 from .affine.printer import format_program
 from .codegen.c import UNIT_MARK, render
 from .dump import Dumper
+from .graph.attention import fuse_attention
 from .graph.builder import contiguous_strides
 from .graph.ir import Graph, format_graph, verify_graph
 from .options import Options
 from .runtime.cc import build_shared_object
 from .runtime.loader import NativeGraph, TensorSpec
 from .runtime.memory_plan import plan_memory
+from .target import resolve as resolve_target
 from .transform.pipeline import run_pipeline
 
 
@@ -26,7 +28,13 @@ def compile_graph_ir(graph: Graph, input_specs: list[TensorSpec], options: Optio
         verify_graph(graph)
     if dumper:
         dumper.write("graph.txt", format_graph(graph))
-    prog = build(graph)
+    if options.fusion and options.fuse_attention:
+        graph = fuse_attention(graph)
+        if options.verify:
+            verify_graph(graph)
+        if dumper:
+            dumper.write("graph_fuse_attention.txt", format_graph(graph))
+    prog = build(graph, resolve_target(options.target), options.threads)
     if dumper:
         dumper.write("affine_build.mlir", format_program(prog))
     prog = run_pipeline(prog, options, (lambda p_name, p: dumper.write(f"affine_{p_name}.mlir", format_program(p)))

@@ -60,6 +60,9 @@ class Options:
     (reduce -> reduce chains: softmax, layer norm)."""
     fuse_siblings: bool = True
     """Fuse nests that read the same data and share their outer loops."""
+    fuse_attention: bool = True
+    """Rewrite attention (q.k^T, scale/mask steps, softmax, .v; from scaled_dot_product_attention
+    or written out) into one online-softmax kernel that never stores the score matrix."""
     tile_contractions: bool = True
     """Register-tile and pack matmul-like nests (vector accumulators, packed operand panels)."""
     profile: bool = False
@@ -103,5 +106,6 @@ class Options:
     def cache_key(self) -> str:
         """The parts of the options that change generated code (not where it is written)."""
         return repr((self.threads, self.cc, self.cflags, self.parallel_min_work, self.fusion, self.fuse_producers,
-                     self.fuse_epilogues, self.fuse_loops, self.fuse_siblings, self.tile_contractions,
+                     self.fuse_epilogues, self.fuse_loops, self.fuse_siblings, self.fuse_attention,
+                     self.tile_contractions,
                      self.profile, sorted((self.target or {}).items())))

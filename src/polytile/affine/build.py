@@ -52,8 +52,9 @@ def _in_range(e: Expr, n: int) -> Expr:
 
 
 class _Builder:
-    def __init__(self, graph: Graph):
+    def __init__(self, graph: Graph, target=None, threads: int = 1):
         self.g = graph
+        self.target, self.threads = target, threads
         self.bufs: dict[int, Buffer] = {}
         self.kernels: list[Kernel] = []
         self._ntemps = 0
@@ -440,6 +441,13 @@ class _Builder:
         self.emit(n, self.loops(n.shape, "i", lambda idx: [self.store(n, idx, self.read(n, idx))], True))
 
 
+def _attention(b: _Builder, n: Node) -> None:
+    from ..target import detect
+    from .build_attention import lower_attention
+
+    b.emit(n, lower_attention(b, n, b.target or detect(), b.threads))
+
+
 _KIND = {
     "elementwise": _Builder.elementwise, "reduce": _Builder.reduce, "contraction": _Builder.matmul,
     "concat": _Builder.concat, "generator": _Builder.generator,
@@ -447,15 +455,16 @@ _KIND = {
 _OP = {
     "conv2d": _Builder.conv2d, "pool2d": _Builder.pool2d, "adaptive_avg_pool2d": _Builder.adaptive_avg_pool2d,
     "gather": _Builder.gather, "take_along": _Builder.take_along, "pad": _Builder.pad,
-    "index_nd": _Builder.index_nd,
+    "index_nd": _Builder.index_nd, "attention": _attention,
 }
 
 
-def build(graph: Graph) -> Program:
-    """Graph IR -> affine Program (one kernel per materialized node; views become index maps)."""
+def build(graph: Graph, target=None, threads: int = 1) -> Program:
+    """Graph IR -> affine Program (one kernel per materialized node; views become index maps).
+    ``target`` and ``threads`` size the tiles of the nests built tiled (attention)."""
     from ..graph.ops import OPS
 
-    b = _Builder(graph)
+    b = _Builder(graph, target, threads)
     for n in graph.nodes:
         if n.op in ("input", "view") or (n.op in ("full", "iota") and n not in graph.outputs):
             continue

@@ -90,6 +90,15 @@ def _adaptive_shape(ins, a):
     return tuple(ins[0].shape[:-2]) + tuple(a["out"])
 
 
+def _attention_shape(ins, a):
+    q, kt, v = (i.shape for i in ins[:3])
+    if len(q) < 2 or q[:-2] != kt[:-2] or q[:-2] != v[:-2] or q[-1] != kt[-2] or kt[-1] != v[-2]:
+        raise Unsupported(f"attention shapes q{q} kt{kt} v{v}")
+    for m in ins[3:]:
+        broadcast_shapes(m.shape, tuple(q[:-1]) + (kt[-1],))
+    return tuple(q[:-1]) + (v[-1],)
+
+
 def _attr_shape(ins, a):
     return tuple(a["shape"])
 
@@ -168,6 +177,9 @@ _def("conv2d", "window", 2, _conv_shape, _first_dtype)
 _def("pool2d", "window", 1, _pool_shape, _pool_dtype)
 _def("adaptive_avg_pool2d", "window", 1, _adaptive_shape, _first_dtype)
 _def("view", "view", 1, _attr_shape, _first_dtype)
+# softmax(steps(q @ kt)) @ v over [*, L, D] x [*, D, S] x [*, S, Dv]; the score steps (scale,
+# masks given as further inputs, causal) are an attribute (see graph.attention)
+_def("attention", "attention", None, _attention_shape, _first_dtype)
 _def("gather", "index", 2, _gather_shape, _first_dtype)
 _def("take_along", "index", 2, lambda ins, a: tuple(ins[1].shape), _first_dtype)
 _def("index_nd", "index", None, _index_nd_shape, _first_dtype)

@@ -1,0 +1,220 @@
+"""Affine lowering of the ``attention`` graph node: the online-softmax (flash) nest.
+
+For every batch index and tile of BR query rows (the parallel loops):
+
+    qp[BR][D]  = the rows of Q                     (packed once; zeros past L)
+    m, l, o    = -inf, 0, 0                        running max, sum and output per row
+    for each tile of BC keys (causal: only tiles with a key j <= i + offset for some row):
+        kp[D][BC]   = K^T tile, vp[BC][Dv] = V tile (packed; zeros past S)
+        s[BR][BC]   = qp . kp                      register tiles of RQ rows x BC columns
+        per row:    s = steps(s) (scale, masks, causal); mnew = max(m, max s)
+                    s = exp(s - mnew); l = l * exp(m - mnew) + sum s; o *= exp(m - mnew)
+        o += s . vp                                register tiles of RV rows x Dv columns
+    out = o / l                                    (rows with no key left: 0 or NaN, as the
+                                                    graph asked)
+
+The score matrix exists only as the BR x BC tile ``s``. Tile sizes come from the Target:
+BC so that the K and V tiles share the L1 with room to spare, BR so that the row state
+fits in L2 and there are enough tasks for the cores.
+"""
+from __future__ import annotations
+
+import math
+
+from ..graph.ir import Node
+from ..target import Target
+from .ir import (INDEX, Alloc, Assign, Const, Expr, For, If, Let, Load, Op, Stmt, Store, Var, add, c, mul,
+                 vector_type)
+
+F32 = "float32"
+NEG_INF = Const(-math.inf, F32)
+
+
+def _f(fn: str, *args: Expr, dtype: str = F32) -> Op:
+    return Op(fn, tuple(args), dtype)
+
+
+def _lt(a: Expr, b: Expr) -> Op:
+    return Op("lt", (a, b), "bool")
+
+
+def _pow2_at_most(x: int) -> int:
+    return 1 << (max(1, x).bit_length() - 1)
+
+
+def tile_sizes(t: Target, L: int, S: int, D: int, Dv: int, tasks_outside: int, threads: int) -> dict:
+    """BR, BC, register rows RQ (scores) and RV (output), lanes VW, padded Dv."""
+    vw = t.lanes(4)
+    dvp = -(-Dv // vw) * vw
+    bc = (t.l1d_bytes // 2) // ((D + dvp) * 4) // vw * vw
+    bc = max(vw, min(4 * vw, bc, -(-S // vw) * vw))
+    nq, nv = bc // vw, dvp // vw
+    rq = min(4, _pow2_at_most(max(1, (t.vector_registers - nq - 2) // nq)))
+    rv = min(4, _pow2_at_most(max(1, (t.vector_registers - nv - 2) // nv)))
+    step = max(rq, rv)
+    br = 64
+    while br > step and br * (D + bc + dvp) * 4 > t.l2_bytes // 4:
+        br //= 2
+    br = min(br, -(-L // step) * step)
+    while br > step and tasks_outside * -(-L // br) < 2 * threads:
+        br //= 2
+    br = max(step, br // step * step)
+    return {"BR": br, "BC": bc, "RQ": rq, "RV": rv, "VW": vw, "DVP": dvp}
+
+
+def lower_attention(b, n: Node, target: Target, threads: int) -> list[Stmt]:
+    """The statements of the attention kernel of node ``n`` (see the module docstring)."""
+    q, kt, v, *masks = n.inputs
+    bd = list(n.shape[:-2])
+    L, Dv = n.shape[-2:]
+    D, S = kt.shape[-2:]
+    ts = tile_sizes(target, L, S, D, Dv, math.prod(bd), threads)
+    BR, BC, RQ, RV, VW, DVP = (ts[k] for k in ("BR", "BC", "RQ", "RV", "VW", "DVP"))
+    vt = vector_type(F32, VW)
+    bvars = [Var(f"i{k}") for k in range(len(bd))]
+    it, r, d, j, x = Var("it"), Var("r"), Var("d"), Var("j"), Var("x")
+    row0 = mul(it, c(BR))
+    NT = -(-L // BR)
+    steps = n.attr("steps")
+    causal = [s[2] for s in steps if s[0] == "causal"]
+
+    def guarded(cond: bool, test: Expr, st: Store, zero: Store) -> Stmt:
+        return If(test, (st,), (zero,)) if cond else st
+
+    # ---- Q tile, row state
+    body: list[Stmt] = [Alloc("qp", F32, BR * D), Alloc("mrow", F32, BR), Alloc("lrow", F32, BR),
+                        Alloc("o", F32, BR * DVP), Alloc("s", F32, BR * BC), Alloc("kp", F32, D * BC),
+                        Alloc("vp", F32, BC * DVP)]
+    qrow = add(row0, r)
+    body.append(For("r", c(0), c(BR), (For("d", c(0), c(D), (
+        guarded(L % BR != 0, _lt(qrow, c(L)), Store("qp", add(mul(r, c(D)), d), b.read(q, bvars + [qrow, d])),
+                Store("qp", add(mul(r, c(D)), d), Const(0.0, F32))),)),)))
+    body.append(For("r", c(0), c(BR), (
+        Store("mrow", r, NEG_INF), Store("lrow", r, Const(0.0, F32)),
+        For("d", c(0), c(DVP), (Store("o", add(mul(r, c(DVP)), d), Const(0.0, F32)),)))))
+
+    full_tiles = S // BC
+    tail = S % BC
+
+    def key_tile(j0: Expr, width: int) -> list[Stmt]:
+        """Everything for the keys [j0, j0 + width) (width < BC only for the last tile)."""
+        key = add(j0, j)
+        st: list[Stmt] = []
+        # pack K^T and V tiles; zeros past the keys that exist
+        kval = b.read(kt, bvars + [d, key])
+        vval = b.read(v, bvars + [key, d])
+        kst = Store("kp", add(mul(d, c(BC)), j), kval)
+        vst = Store("vp", add(mul(j, c(DVP)), d), vval)
+        st.append(For("d", c(0), c(D), (For("j", c(0), c(width), (kst,)),
+                                        *([For("j", c(width), c(BC), (Store("kp", add(mul(d, c(BC)), j),
+                                                                           Const(0.0, F32)),))]
+                                          if width < BC else []))))
+        vrow: list[Stmt] = [For("d", c(0), c(Dv), (vst,))]
+        if DVP > Dv:
+            vrow.append(For("d", c(Dv), c(DVP), (Store("vp", add(mul(j, c(DVP)), d), Const(0.0, F32)),)))
+        st.append(For("j", c(0), c(width), tuple(vrow)))
+        if width < BC:
+            st.append(For("j", c(width), c(BC), (For("d", c(0), c(DVP), (Store("vp", add(mul(j, c(DVP)), d),
+                                                                               Const(0.0, F32)),)),)))
+        # scores: s = qp . kp in RQ x BC register tiles
+        nq = BC // VW
+        acc = [[f"sa{a}_{y}" for y in range(nq)] for a in range(RQ)]
+        inner: list[Stmt] = [Let(f"ky{y}", vt, Load("kp", add(mul(d, c(BC)), c(y * VW)), vt)) for y in range(nq)]
+        for a in range(RQ):
+            inner.append(Let(f"qx{a}", F32, Load("qp", add(mul(add(mul(x, c(RQ)), c(a)), c(D)), d), F32)))
+            for y in range(nq):
+                prod = _f("mul", _f("broadcast", Var(f"qx{a}", F32), dtype=vt), Var(f"ky{y}", vt), dtype=vt)
+                inner.append(Assign(acc[a][y], _f("add", Var(acc[a][y], vt), prod, dtype=vt)))
+        tile: list[Stmt] = [Let(acc[a][y], vt, _f("broadcast", Const(0.0, F32), dtype=vt))
+                            for a in range(RQ) for y in range(nq)]
+        tile.append(For("d", c(0), c(D), tuple(inner)))
+        tile += [Store("s", add(mul(add(mul(x, c(RQ)), c(a)), c(BC)), c(y * VW)), Var(acc[a][y], vt))
+                 for a in range(RQ) for y in range(nq)]
+        st.append(For("x", c(0), c(BR // RQ), tuple(tile)))
+        # online softmax per row (rows past L hold zeros and are never stored)
+        row = add(row0, r)
+        sidx = add(mul(r, c(BC)), j)
+        sval: Expr = Load("s", sidx, F32)
+        for step in steps:
+            sval = _score_step(b, step, sval, masks, bvars, row, key)
+        rowwork: list[Stmt] = [
+            For("j", c(0), c(width), (Store("s", sidx, sval),)),
+            Let("mx", F32, NEG_INF),
+            For("j", c(0), c(width), (Assign("mx", _f("maximum", Var("mx", F32), Load("s", sidx, F32))),)),
+            Let("mold", F32, Load("mrow", r, F32)),
+            Let("mnew", F32, _f("maximum", Var("mold", F32), Var("mx", F32))),
+            Let("msafe", F32, _f("where", Op("eq", (Var("mnew", F32), NEG_INF), "bool"), Const(0.0, F32),
+                                 Var("mnew", F32))),
+            Let("alpha", F32, _f("exp", _f("sub", Var("mold", F32), Var("msafe", F32)))),
+            Let("psum", F32, Const(0.0, F32)),
+            For("j", c(0), c(width), (
+                Let("pj", F32, _f("exp", _f("sub", Load("s", sidx, F32), Var("msafe", F32)))),
+                Store("s", sidx, Var("pj", F32)),
+                Assign("psum", _f("add", Var("psum", F32), Var("pj", F32))))),
+            Store("lrow", r, _f("add", _f("mul", Load("lrow", r, F32), Var("alpha", F32)), Var("psum", F32))),
+            Store("mrow", r, Var("mnew", F32)),
+            For("d", c(0), c(DVP), (Store("o", add(mul(r, c(DVP)), d),
+                                          _f("mul", Load("o", add(mul(r, c(DVP)), d), F32), Var("alpha", F32))),)),
+        ]
+        if width < BC:
+            rowwork.append(For("j", c(width), c(BC), (Store("s", sidx, Const(0.0, F32)),)))
+        st.append(For("r", c(0), c(BR), (If(_lt(row, c(L)), tuple(rowwork)),) if L % BR else tuple(rowwork)))
+        # o += s . vp in RV x DVP register tiles
+        nv = DVP // VW
+        oacc = [[f"oa{a}_{y}" for y in range(nv)] for a in range(RV)]
+        oidx = [[add(mul(add(mul(x, c(RV)), c(a)), c(DVP)), c(y * VW)) for y in range(nv)] for a in range(RV)]
+        pin: list[Stmt] = [Let(f"vy{y}", vt, Load("vp", add(mul(j, c(DVP)), c(y * VW)), vt)) for y in range(nv)]
+        for a in range(RV):
+            pin.append(Let(f"px{a}", F32, Load("s", add(mul(add(mul(x, c(RV)), c(a)), c(BC)), j), F32)))
+            for y in range(nv):
+                prod = _f("mul", _f("broadcast", Var(f"px{a}", F32), dtype=vt), Var(f"vy{y}", vt), dtype=vt)
+                pin.append(Assign(oacc[a][y], _f("add", Var(oacc[a][y], vt), prod, dtype=vt)))
+        ptile: list[Stmt] = [Let(oacc[a][y], vt, Load("o", oidx[a][y], vt)) for a in range(RV) for y in range(nv)]
+        ptile.append(For("j", c(0), c(width), tuple(pin)))
+        ptile += [Store("o", oidx[a][y], Var(oacc[a][y], vt)) for a in range(RV) for y in range(nv)]
+        st.append(For("x", c(0), c(BR // RV), tuple(ptile)))
+        return st
+
+    jt = Var("jt")
+    if full_tiles:
+        hi: Expr = c(full_tiles)
+        if causal:  # key tiles past the last row's diagonal are skipped entirely
+            last = add(add(row0, c(BR - 1)), c(causal[0]))
+            reach = add(Op("floordiv", (last, c(BC)), INDEX), c(1))
+            hi = Op("minimum", (c(full_tiles), Op("maximum", (c(0), reach), INDEX)), INDEX)
+        body.append(For("jt", c(0), hi, tuple(key_tile(mul(jt, c(BC)), BC))))
+    if tail:
+        last_tile = key_tile(c(full_tiles * BC), tail)
+        if causal:
+            last_tile = [If(Op("ge", (add(add(row0, c(BR - 1)), c(causal[0])), c(full_tiles * BC)), "bool"),
+                            tuple(last_tile))]
+        body += last_tile
+    # ---- out = o / l; rows whose keys were all masked: 0 (SDPA) or NaN (0/0 of a plain softmax)
+    fill = Const(0.0 if n.attr("zero_empty") else math.nan, F32)
+    lval = Load("lrow", r, F32)
+    oval = _f("where", Op("eq", (lval, Const(0.0, F32)), "bool"), fill,
+              _f("div", Load("o", add(mul(r, c(DVP)), d), F32), lval))
+    ostore: Stmt = For("d", c(0), c(Dv), (b.store(n, bvars + [add(row0, r), d], oval),))
+    body.append(For("r", c(0), c(BR), (If(_lt(add(row0, r), c(L)), (ostore,)),) if L % BR else (ostore,)))
+    nest: list[Stmt] = [For("it", c(0), c(NT), tuple(body), parallel=True)]
+    for k in reversed(range(len(bd))):
+        nest = [For(bvars[k].name, c(0), c(bd[k]), tuple(nest), parallel=True)]
+    return nest
+
+
+def _score_step(b, step: tuple, s: Expr, masks: list[Node], bvars: list[Var], row: Expr, key: Expr) -> Expr:
+    """One step of the chain from q.k to the softmax input (see graph.attention)."""
+    fn = step[0]
+    if fn == "causal":
+        return _f("where", Op("le", (key, add(row, c(step[2]))), "bool"), s, NEG_INF)
+    if fn in ("keep", "drop"):
+        m = masks[step[1]]
+        cond = b.read(m, b.bcast(m.shape, bvars + [row, key]))
+        fillc = Const(step[2], F32)
+        return _f("where", cond, s, fillc) if fn == "keep" else _f("where", cond, fillc, s)
+    if step[1] == "c":
+        other: Expr = Const(step[2], F32)
+    else:
+        m = masks[step[2]]
+        other = b.read(m, b.bcast(m.shape, bvars + [row, key]))
+    return _f(fn, s, other)
