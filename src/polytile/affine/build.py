@@ -443,9 +443,17 @@ class _Builder:
 
 def _attention(b: _Builder, n: Node) -> None:
     from ..target import detect
-    from .build_attention import lower_attention
+    from .build_attention import lower_attention, packed_sizes
 
-    b.emit(n, lower_attention(b, n, b.target or detect(), b.threads))
+    t = b.target or detect()
+    names = []
+    for size in packed_sizes(t, n, b.threads):  # packed K and V: as large as K and V, not the scores
+        names.append(f"t{b._ntemps}")
+        b.bufs[names[-1]] = Buffer(names[-1], "float32", size, "temp")
+        b._ntemps += 1
+    pack, main = lower_attention(b, n, t, b.threads, *names)
+    b.emit(n, pack, f"pack K, V for {n.op}{list(n.shape)}")
+    b.emit(n, main)
 
 
 _KIND = {

@@ -42,11 +42,21 @@ def _pow2_at_most(x: int) -> int:
     return 1 << (max(1, x).bit_length() - 1)
 
 
+def packed_sizes(t: Target, n: Node, threads: int) -> tuple[int, int]:
+    """Elements of the packed K and V buffers of ``n``."""
+    bd = n.shape[:-2]
+    L, Dv = n.shape[-2:]
+    D, S = n.inputs[1].shape[-2:]
+    ts = tile_sizes(t, L, S, D, Dv, math.prod(bd), threads)
+    sp = -(-S // ts["BC"]) * ts["BC"]
+    return math.prod(bd) * sp * D, math.prod(bd) * sp * ts["DVP"]
+
+
 def tile_sizes(t: Target, L: int, S: int, D: int, Dv: int, tasks_outside: int, threads: int) -> dict:
     """BR, BC, register rows RQ (scores) and RV (output), lanes VW, padded Dv."""
     vw = t.lanes(4)
     dvp = -(-Dv // vw) * vw
-    bc = (t.l1d_bytes // 2) // ((D + dvp) * 4) // vw * vw
+    bc = (t.l1d_bytes * 2 // 3) // ((D + dvp) * 4) // vw * vw
     bc = max(vw, min(4 * vw, bc, -(-S // vw) * vw))
     nq, nv = bc // vw, dvp // vw
     rq = min(4, _pow2_at_most(max(1, (t.vector_registers - nq - 2) // nq)))
@@ -62,8 +72,12 @@ def tile_sizes(t: Target, L: int, S: int, D: int, Dv: int, tasks_outside: int, t
     return {"BR": br, "BC": bc, "RQ": rq, "RV": rv, "VW": vw, "DVP": dvp}
 
 
-def lower_attention(b, n: Node, target: Target, threads: int) -> list[Stmt]:
-    """The statements of the attention kernel of node ``n`` (see the module docstring)."""
+def lower_attention(b, n: Node, target: Target, threads: int, kbuf: str, vbuf: str
+                    ) -> tuple[list[Stmt], list[Stmt]]:
+    """(pack, main) statements of the attention of node ``n`` (see the module docstring):
+    ``pack`` writes K^T tiles into ``kbuf`` [batch][S/BC][D][BC] and V into ``vbuf``
+    [batch][S'][Dv'] (zeros past S and Dv) once per batch index; ``main`` is the online
+    softmax nest reading them."""
     q, kt, v, *masks = n.inputs
     bd = list(n.shape[:-2])
     L, Dv = n.shape[-2:]
@@ -76,6 +90,10 @@ def lower_attention(b, n: Node, target: Target, threads: int) -> list[Stmt]:
     row0 = mul(it, c(BR))
     NT = -(-L // BR)
     steps = n.attr("steps")
+    SP = -(-S // BC) * BC
+    bflat: Expr = c(0)
+    for k, v_ in enumerate(bvars):
+        bflat = add(mul(bflat, c(bd[k])), v_)
     causal = [s[2] for s in steps if s[0] == "causal"]
 
     def guarded(cond: bool, test: Expr, st: Store, zero: Store) -> Stmt:
@@ -83,8 +101,7 @@ def lower_attention(b, n: Node, target: Target, threads: int) -> list[Stmt]:
 
     # ---- Q tile, row state
     body: list[Stmt] = [Alloc("qp", F32, BR * D), Alloc("mrow", F32, BR), Alloc("lrow", F32, BR),
-                        Alloc("o", F32, BR * DVP), Alloc("s", F32, BR * BC), Alloc("kp", F32, D * BC),
-                        Alloc("vp", F32, BC * DVP)]
+                        Alloc("o", F32, BR * DVP), Alloc("s", F32, BR * BC)]
     qrow = add(row0, r)
     body.append(For("r", c(0), c(BR), (For("d", c(0), c(D), (
         guarded(L % BR != 0, _lt(qrow, c(L)), Store("qp", add(mul(r, c(D)), d), b.read(q, bvars + [qrow, d])),
@@ -100,26 +117,11 @@ def lower_attention(b, n: Node, target: Target, threads: int) -> list[Stmt]:
         """Everything for the keys [j0, j0 + width) (width < BC only for the last tile)."""
         key = add(j0, j)
         st: list[Stmt] = []
-        # pack K^T and V tiles; zeros past the keys that exist
-        kval = b.read(kt, bvars + [d, key])
-        vval = b.read(v, bvars + [key, d])
-        kst = Store("kp", add(mul(d, c(BC)), j), kval)
-        vst = Store("vp", add(mul(j, c(DVP)), d), vval)
-        st.append(For("d", c(0), c(D), (For("j", c(0), c(width), (kst,)),
-                                        *([For("j", c(width), c(BC), (Store("kp", add(mul(d, c(BC)), j),
-                                                                           Const(0.0, F32)),))]
-                                          if width < BC else []))))
-        vrow: list[Stmt] = [For("d", c(0), c(Dv), (vst,))]
-        if DVP > Dv:
-            vrow.append(For("d", c(Dv), c(DVP), (Store("vp", add(mul(j, c(DVP)), d), Const(0.0, F32)),)))
-        st.append(For("j", c(0), c(width), tuple(vrow)))
-        if width < BC:
-            st.append(For("j", c(width), c(BC), (For("d", c(0), c(DVP), (Store("vp", add(mul(j, c(DVP)), d),
-                                                                               Const(0.0, F32)),)),)))
         # scores: s = qp . kp in RQ x BC register tiles
         nq = BC // VW
         acc = [[f"sa{a}_{y}" for y in range(nq)] for a in range(RQ)]
-        inner: list[Stmt] = [Let(f"ky{y}", vt, Load("kp", add(mul(d, c(BC)), c(y * VW)), vt)) for y in range(nq)]
+        kt0 = mul(add(mul(add(mul(bflat, c(SP // BC)), Op("floordiv", (j0, c(BC)), INDEX)), c(D)), d), c(BC))
+        inner: list[Stmt] = [Let(f"ky{y}", vt, Load(kbuf, add(kt0, c(y * VW)), vt)) for y in range(nq)]
         for a in range(RQ):
             inner.append(Let(f"qx{a}", F32, Load("qp", add(mul(add(mul(x, c(RQ)), c(a)), c(D)), d), F32)))
             for y in range(nq):
@@ -137,8 +139,11 @@ def lower_attention(b, n: Node, target: Target, threads: int) -> list[Stmt]:
         sval: Expr = Load("s", sidx, F32)
         for step in steps:
             sval = _score_step(b, step, sval, masks, bvars, row, key)
+        nvec = -(-width // VW)
+        vidx = add(mul(r, c(BC)), mul(j, c(VW)))
+        msafe_v = _f("broadcast", Var("msafe", F32), dtype=vt)
         rowwork: list[Stmt] = [
-            For("j", c(0), c(width), (Store("s", sidx, sval),)),
+            *([For("j", c(0), c(width), (Store("s", sidx, sval),))] if steps else []),
             Let("mx", F32, NEG_INF),
             For("j", c(0), c(width), (Assign("mx", _f("maximum", Var("mx", F32), Load("s", sidx, F32))),)),
             Let("mold", F32, Load("mrow", r, F32)),
@@ -146,11 +151,11 @@ def lower_attention(b, n: Node, target: Target, threads: int) -> list[Stmt]:
             Let("msafe", F32, _f("where", Op("eq", (Var("mnew", F32), NEG_INF), "bool"), Const(0.0, F32),
                                  Var("mnew", F32))),
             Let("alpha", F32, _f("exp", _f("sub", Var("mold", F32), Var("msafe", F32)))),
+            # p = exp(s - m) a vector at a time (lanes past ``width`` are cleared below)
+            For("j", c(0), c(nvec), (Store("s", vidx, _f("exp", _f("sub", Load("s", vidx, vt), msafe_v, dtype=vt),
+                                                         dtype=vt)),)),
             Let("psum", F32, Const(0.0, F32)),
-            For("j", c(0), c(width), (
-                Let("pj", F32, _f("exp", _f("sub", Load("s", sidx, F32), Var("msafe", F32)))),
-                Store("s", sidx, Var("pj", F32)),
-                Assign("psum", _f("add", Var("psum", F32), Var("pj", F32))))),
+            For("j", c(0), c(width), (Assign("psum", _f("add", Var("psum", F32), Load("s", sidx, F32))),)),
             Store("lrow", r, _f("add", _f("mul", Load("lrow", r, F32), Var("alpha", F32)), Var("psum", F32))),
             Store("mrow", r, Var("mnew", F32)),
             For("d", c(0), c(DVP), (Store("o", add(mul(r, c(DVP)), d),
@@ -163,7 +168,8 @@ def lower_attention(b, n: Node, target: Target, threads: int) -> list[Stmt]:
         nv = DVP // VW
         oacc = [[f"oa{a}_{y}" for y in range(nv)] for a in range(RV)]
         oidx = [[add(mul(add(mul(x, c(RV)), c(a)), c(DVP)), c(y * VW)) for y in range(nv)] for a in range(RV)]
-        pin: list[Stmt] = [Let(f"vy{y}", vt, Load("vp", add(mul(j, c(DVP)), c(y * VW)), vt)) for y in range(nv)]
+        vrow0 = mul(add(mul(bflat, c(SP)), add(j0, j)), c(DVP))
+        pin: list[Stmt] = [Let(f"vy{y}", vt, Load(vbuf, add(vrow0, c(y * VW)), vt)) for y in range(nv)]
         for a in range(RV):
             pin.append(Let(f"px{a}", F32, Load("s", add(mul(add(mul(x, c(RV)), c(a)), c(BC)), j), F32)))
             for y in range(nv):
@@ -199,7 +205,22 @@ def lower_attention(b, n: Node, target: Target, threads: int) -> list[Stmt]:
     nest: list[Stmt] = [For("it", c(0), c(NT), tuple(body), parallel=True)]
     for k in reversed(range(len(bd))):
         nest = [For(bvars[k].name, c(0), c(bd[k]), tuple(nest), parallel=True)]
-    return nest
+    # ---- pack: K^T tiles [batch][S/BC][D][BC] and V rows [batch][S'][Dv'], zeros past S, Dv
+    key = add(mul(jt, c(BC)), j)
+    kst = Store(kbuf, add(mul(add(mul(add(mul(bflat, c(SP // BC)), jt), c(D)), d), c(BC)), j),
+                b.read(kt, bvars + [d, key]))
+    kzero = Store(kbuf, add(mul(add(mul(add(mul(bflat, c(SP // BC)), jt), c(D)), d), c(BC)), j), Const(0.0, F32))
+    kpack: Stmt = For("j", c(0), c(BC), (For("d", c(0), c(D), (guarded(S % BC != 0, _lt(key, c(S)), kst, kzero),)),))
+    vidx = add(mul(add(mul(bflat, c(SP)), key), c(DVP)), d)
+    vpack: list[Stmt] = [For("d", c(0), c(Dv), (guarded(S % BC != 0, _lt(key, c(S)),
+                                                       Store(vbuf, vidx, b.read(v, bvars + [key, d])),
+                                                       Store(vbuf, vidx, Const(0.0, F32))),))]
+    if DVP > Dv:
+        vpack.append(For("d", c(Dv), c(DVP), (Store(vbuf, vidx, Const(0.0, F32)),)))
+    pack: list[Stmt] = [For("jt", c(0), c(SP // BC), (kpack, For("j", c(0), c(BC), tuple(vpack))), parallel=True)]
+    for k in reversed(range(len(bd))):
+        pack = [For(bvars[k].name, c(0), c(bd[k]), tuple(pack), parallel=True)]
+    return pack, nest
 
 
 def _score_step(b, step: tuple, s: Expr, masks: list[Node], bvars: list[Var], row: Expr, key: Expr) -> Expr:

@@ -30,6 +30,15 @@ float erff(float) PT_SIMD; float asinf(float) PT_SIMD; float acosf(float) PT_SIM
 float sinhf(float) PT_SIMD; float coshf(float) PT_SIMD; float exp2f(float) PT_SIMD; float log2f(float) PT_SIMD;
 float log10f(float) PT_SIMD; float powf(float, float) PT_SIMD; float atan2f(float, float) PT_SIMD;
 #endif
+static inline pt_f32x4 pt_exp_f32x4(pt_f32x4 x) { pt_f32x4 r;  /* vector exp: libmvec's when declared */
+  _Pragma("omp simd") for (int i = 0; i < 4; ++i) r[i] = expf(x[i]);
+  return r; }
+static inline pt_f32x8 pt_exp_f32x8(pt_f32x8 x) { pt_f32x8 r;  /* vector exp: libmvec's when declared */
+  _Pragma("omp simd") for (int i = 0; i < 8; ++i) r[i] = expf(x[i]);
+  return r; }
+static inline pt_f32x16 pt_exp_f32x16(pt_f32x16 x) { pt_f32x16 r;  /* vector exp: libmvec's when declared */
+  _Pragma("omp simd") for (int i = 0; i < 16; ++i) r[i] = expf(x[i]);
+  return r; }
 static inline int64_t pt_floordiv_i(int64_t a, int64_t b) { if (b == 0) return 0; int64_t q = a / b; return (q * b != a && ((a < 0) != (b < 0))) ? q - 1 : q; }
 static inline int64_t pt_mod_i(int64_t a, int64_t b) { if (b == 0) return 0; int64_t r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
 static inline int64_t pt_truncdiv_i(int64_t a, int64_t b) { return b == 0 ? 0 : a / b; }
@@ -51,6 +60,8 @@ static inline float pt_erfinv_f(float y) {
 def _f(fname: str) -> Callable[[list[str], str], str]:
     """A libm function: float variant with the f suffix, double without, ints via double."""
     def r(a: list[str], dt: str) -> str:
+        if dt.startswith("float32x") and fname == "exp":  # a vector: the prelude's lane loop
+            return f"pt_exp_f32x{dt[len('float32x'):]}({a[0]})"
         if dt == "float32":
             return f"{fname}f({a[0]})"
         if dt == "float64":
