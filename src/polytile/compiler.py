@@ -30,6 +30,7 @@ def compile_graph_ir(graph: Graph, input_specs: list[TensorSpec], options: Optio
         dumper.write("graph.txt", format_graph(graph))
     if options.fusion and options.fuse_attention:
         graph = fuse_attention(graph)
+        stats.bump("attention_fused", sum(1 for n in graph.nodes if n.op == "attention"))
         if options.verify:
             verify_graph(graph)
         if dumper:

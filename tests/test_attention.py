@@ -1,0 +1,189 @@
+"""Fused attention (issue 6): scaled_dot_product_attention and written-out attention become
+one online-softmax kernel; results against eager (fp64 reference rule of DESIGN.md) over the
+configs of shared/bench/attention_configs.csv and odd sizes, causal, additive and boolean
+masks, grouped-query and cross attention; the rewrite's structure (no score-sized buffer)."""
+from __future__ import annotations
+
+import csv
+import math
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import polytile
+from polytile.graph.attention import causal_offset, fuse_attention
+from polytile.graph.builder import GraphBuilder
+
+from accuracy import assert_accurate, fp64_reference
+
+CSV = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "bench", "attention_configs.csv")
+
+
+def _configs():
+    if not os.path.exists(CSV):
+        return []
+    with open(CSV) as f:
+        rows = [r for r in csv.DictReader(line for line in f if not line.startswith("#"))]
+    return [(int(r["batch"]), int(r["heads"]), int(r["kv_heads"]), int(r["seq_q"]), int(r["seq_k"]),
+             int(r["head_dim"]), r["causal"] == "true") for r in rows]
+
+
+def _run(fn, args, **opts):
+    torch._dynamo.reset()
+    polytile.reset_stats()
+    with torch.no_grad():
+        out = torch.compile(fn, backend="polytile", options={"fallback": False, **opts})(*args)
+        ref = fn(*args)
+    st = polytile.stats()
+    assert_accurate(out, ref, fp64_reference(fn, args), 1e-4)
+    return st
+
+
+def _qkv(B, H, KH, L, S, D, Dv=None):
+    return (torch.randn(B, H, L, D), torch.randn(B, KH, S, D), torch.randn(B, KH, S, Dv or D))
+
+
+def _sdpa(causal=False, gqa=False, scale=None):
+    def f(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa, scale=scale)
+    return f
+
+
+@pytest.mark.parametrize("cfg", _configs(), ids=lambda c: "x".join(str(int(v)) for v in c))
+def test_attention_configs(cfg):
+    B, H, KH, L, S, D, causal = cfg
+    if B * H * L * S > 12 * 1024 * 1024 and not os.environ.get("POLYTILE_LONG_TESTS"):
+        B = 1  # keep the default run short: the largest configs at batch 1
+    st = _run(_sdpa(causal, KH != H), _qkv(B, H, KH, L, S, D))
+    assert st.get("attention_fused", 0) == 1
+    # the score matrix is never stored: intermediates are linear in the sequence lengths
+    # (packed K and V, per query head)
+    assert st["arena_bytes"] <= 4 * 4 * (B * H * L * D + 2 * B * H * S * D)
+
+
+def test_long_sequence_memory_below_the_score_matrix():
+    B, H, L, D = 1, 2, 2048, 64
+    st = _run(_sdpa(True), _qkv(B, H, H, L, L, D))
+    assert st.get("attention_fused", 0) == 1
+    assert st["arena_bytes"] * 8 < B * H * L * L * 4
+
+
+@pytest.mark.parametrize("L,S", [(1, 1), (1, 77), (7, 7), (77, 77), (7, 1000), (1000, 7), (77, 1000)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_odd_sizes(L, S, causal):
+    st = _run(_sdpa(causal), _qkv(2, 3, 3, L, S, 40, 24))
+    assert st.get("attention_fused", 0) == 1
+
+
+@pytest.mark.parametrize("kind", ["additive", "bool", "bool_row_masked", "additive_bcast_heads"])
+def test_attention_masks(kind):
+    B, H, L, S, D = 2, 4, 33, 45, 32
+    q, k, v = _qkv(B, H, H, L, S, D)
+    if kind == "additive":
+        m = torch.randn(B, H, L, S)
+    elif kind == "additive_bcast_heads":
+        m = torch.where(torch.rand(B, 1, 1, S) > 0.3, 0.0, -math.inf)
+        m[..., 0] = 0.0
+    else:
+        m = torch.rand(B, 1, L, S) > 0.4
+        m[..., 0] = True
+        if kind == "bool_row_masked":
+            m[:, :, 5] = False  # every key masked for row 5: SDPA returns zeros there
+    st = _run(lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m, scale=0.2), (q, k, v, m))
+    assert st.get("attention_fused", 0) == 1
+
+
+class HFStyleAttention(torch.nn.Module):
+    """Written out as HF's eager attention does it: q @ k^T * scale + mask, softmax, dropout, @ v."""
+
+    def __init__(self, dim=64, heads=4, kv_heads=2):
+        super().__init__()
+        self.h, self.kvh, self.d = heads, kv_heads, dim // heads
+        self.q = torch.nn.Linear(dim, dim)
+        self.k = torch.nn.Linear(dim, kv_heads * self.d)
+        self.v = torch.nn.Linear(dim, kv_heads * self.d)
+        self.o = torch.nn.Linear(dim, dim)
+        self.drop = torch.nn.Dropout(0.1)
+
+    def forward(self, x, mask):
+        B, L, _ = x.shape
+        q = self.q(x).view(B, L, self.h, self.d).transpose(1, 2)
+        k = self.k(x).view(B, L, self.kvh, self.d).transpose(1, 2)
+        v = self.v(x).view(B, L, self.kvh, self.d).transpose(1, 2)
+        rep = self.h // self.kvh
+        k = k[:, :, None].expand(B, self.kvh, rep, L, self.d).reshape(B, self.h, L, self.d)
+        v = v[:, :, None].expand(B, self.kvh, rep, L, self.d).reshape(B, self.h, L, self.d)
+        w = torch.matmul(q, k.transpose(2, 3)) * self.d ** -0.5 + mask
+        w = self.drop(torch.softmax(w, dim=-1))
+        o = torch.matmul(w, v).transpose(1, 2).reshape(B, L, -1)
+        return self.o(o)
+
+
+def test_written_out_gqa_with_mask_and_eval_dropout():
+    m = HFStyleAttention().eval()
+    x = torch.randn(2, 19, 64)
+    mask = torch.zeros(2, 1, 19, 19)
+    mask[1, ..., 15:] = -1e9  # padding of the second sequence
+    st = _run(m, (x, mask))
+    assert st.get("attention_fused", 0) == 1
+
+
+def test_written_out_cross_attention_timm_style():
+    def f(q, k, v):  # timm: q scaled first, then q @ k^T, softmax, @ v
+        q = q * q.shape[-1] ** -0.5
+        return (q @ k.transpose(-2, -1)).softmax(dim=-1) @ v
+    st = _run(f, _qkv(2, 6, 6, 50, 197, 64))
+    assert st.get("attention_fused", 0) == 1
+
+
+def test_attention_weights_returned_are_not_fused():
+    def f(q, k, v):
+        p = torch.softmax(q @ k.transpose(-2, -1), -1)
+        return p @ v, p
+    st = _run(f, _qkv(1, 2, 2, 9, 11, 8))
+    assert st.get("attention_fused", 0) == 0
+
+
+def test_fuse_attention_option_off_matches():
+    st = _run(_sdpa(True), _qkv(1, 2, 2, 40, 40, 16), fuse_attention=False)
+    assert st.get("attention_fused", 0) == 0
+
+
+def test_fully_masked_rows_of_a_plain_softmax_are_nan_like_eager():
+    def f(q, k, v, m):
+        return torch.softmax(q @ k.transpose(-2, -1) + m, -1) @ v
+    q, k, v = _qkv(1, 1, 1, 4, 6, 8)
+    m = torch.zeros(1, 1, 4, 6)
+    m[..., 2, :] = -math.inf
+    with torch.no_grad():
+        out = torch.compile(f, backend="polytile", options={"fallback": False})(q, k, v, m)
+        ref = f(q, k, v, m)
+    assert polytile.stats().get("attention_fused", 0) == 1
+    assert torch.isnan(out[..., 2, :]).all() and torch.isnan(ref[..., 2, :]).all()
+    keep = [0, 1, 3]
+    torch.testing.assert_close(out[..., keep, :], ref[..., keep, :], rtol=1e-4, atol=1e-5)
+
+
+def test_causal_offset_of_constant_masks():
+    b = GraphBuilder()
+    L, S = 5, 8
+    rows = b.reshape(b.iota(L, "int64"), [L, 1])
+    cols = b.reshape(b.iota(S, "int64"), [1, S])
+    keep = b.ew("le", b.ew("sub", cols, rows), b.full(3, "int64"))  # j <= i + 3
+    assert causal_offset(keep, "keep", -math.inf) == 3
+    add = b.where(keep, 0.0, float("-inf"))
+    assert causal_offset(add, "add") == 3
+    assert causal_offset(b.where(keep, 0.0, -1.0), "add") is None  # not a -inf mask
+    band = b.ew("logical_and", keep, b.ew("ge", b.ew("sub", cols, rows), b.full(0, "int64")))
+    assert causal_offset(band, "keep", -math.inf) is None  # a band, not causal
+    x = b.input(0, [L, S], "float32")
+    assert causal_offset(b.ew("gt", x, b.full(0.0, "float32")), "keep", -math.inf) is None  # not constant
+
+
+def test_rewrite_leaves_other_matmuls_alone():
+    b = GraphBuilder()
+    x, w = b.input(0, [4, 8], "float32"), b.input(1, [8, 3], "float32")
+    g = b.graph([b.node("identity", (b.matmul(x, w),))])
+    assert fuse_attention(g) is g
