@@ -41,7 +41,17 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--no-inductor", action="store_true")
     g.add_argument("--shapes-dir", default=None, help="default: ../shared/bench")
     g.add_argument("--out", default=None, help="also write report.md, results.json and speedup.png here")
+    t = b.add_parser("attention", help="attention configs: polytile vs eager SDPA and Inductor, memory")
+    t.add_argument("--threads", type=int, default=2)
+    t.add_argument("--rounds", type=int, default=10)
+    t.add_argument("--limit", type=int, default=None, help="first N configs")
+    t.add_argument("--no-inductor", action="store_true")
+    t.add_argument("--long", action="store_true", help="add a 4096-token causal config (memory row)")
+    t.add_argument("--configs", default=None, help="default: ../shared/bench/attention_configs.csv")
+    t.add_argument("--out", default=None, help="also write report.md, results.json and speedup.png here")
     a = ap.parse_args(argv)
+    if a.cmd == "bench" and a.what == "attention":
+        return _bench_attention(a, argv)
     if a.cmd == "bench" and a.what == "contractions":
         return _bench_contractions(a, argv)
     if a.cmd == "bench" and a.what == "fusion":
@@ -101,6 +111,34 @@ def _bench_contractions(a, argv) -> int:
                                      kinds=tuple(a.kind or ("gemm", "conv")), limit=a.limit)
     command = "polytile " + " ".join(argv if argv is not None else sys.argv[1:])
     out = f"# Contraction benchmark\n\nCommand: `{command}`\n\nMachine: {suite.environment()}\n\n{text}\n"
+    print(out)
+    if a.out:
+        os.makedirs(a.out, exist_ok=True)
+        with open(os.path.join(a.out, "report.md"), "w") as fh:
+            fh.write(out)
+        with open(os.path.join(a.out, "results.json"), "w") as fh:
+            json.dump({"environment": suite.environment(), "command": command, "results": results}, fh, indent=1)
+        contractions.chart(results, os.path.join(a.out, "speedup.png"))
+    return 0
+
+
+def _bench_attention(a, argv) -> int:
+    import json
+    import os
+
+    from .bench import attention, contractions, suite, zoo
+
+    path = a.configs or os.path.join(os.path.dirname(zoo.default_models_csv() or ""), "attention_configs.csv")
+    if not os.path.exists(path):
+        print("polytile: cannot find attention_configs.csv; pass --configs", file=sys.stderr)
+        return 2
+    configs = attention.read_configs(path)[: a.limit]
+    if a.long:
+        configs.append({"batch": 1, "heads": 8, "kv_heads": 8, "seq_q": 4096, "seq_k": 4096, "head_dim": 64,
+                        "causal": True})
+    text, results = attention.run(configs, threads=a.threads, rounds=a.rounds, inductor=not a.no_inductor)
+    command = "polytile " + " ".join(argv if argv is not None else sys.argv[1:])
+    out = f"# Attention benchmark\n\nCommand: `{command}`\n\nMachine: {suite.environment()}\n\n{text}\n"
     print(out)
     if a.out:
         os.makedirs(a.out, exist_ok=True)
