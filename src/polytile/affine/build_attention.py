@@ -56,7 +56,7 @@ def tile_sizes(t: Target, L: int, S: int, D: int, Dv: int, tasks_outside: int, t
     """BR, BC, register rows RQ (scores) and RV (output), lanes VW, padded Dv."""
     vw = t.lanes(4)
     dvp = -(-Dv // vw) * vw
-    bc = (t.l1d_bytes * 2 // 3) // ((D + dvp) * 4) // vw * vw
+    bc = (t.l1d_bytes * 4 // 3) // ((D + dvp) * 4) // vw * vw
     bc = max(vw, min(4 * vw, bc, -(-S // vw) * vw))
     nq, nv = bc // vw, dvp // vw
     rq = min(4, _pow2_at_most(max(1, (t.vector_registers - nq - 2) // nq)))

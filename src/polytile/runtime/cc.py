@@ -60,11 +60,20 @@ def vector_math(cc: str, cflags: tuple[str, ...]) -> tuple[tuple[str, ...], tupl
     return (("-DPT_LIBMVEC",), ("-lmvec",)) if r.returncode == 0 else ((), ())
 
 
+def wide_vectors(cflags: tuple[str, ...]) -> tuple[str, ...]:
+    """On an AVX-512 CPU, let gcc's auto-vectorized loops use 512-bit vectors too (it prefers
+    256 by default on Intel parts): measured 10-15% on the attention kernel's row loops. The
+    explicit vector code of the register tiles uses the Target's width either way."""
+    if os.uname().machine != "x86_64" or any(f.startswith("-mprefer-vector-width") for f in cflags):
+        return ()
+    return ("-mprefer-vector-width=512",) if " avx512f" in _cpu_signature() else ()
+
+
 def build_shared_object(sources: list[str], options: Options) -> tuple[str, bool]:
     """Path of a shared object built from the translation units ``sources`` (compiled in
     parallel, then linked) and whether it came from the cache."""
     vm_cflags, vm_libs = vector_math(options.cc, tuple(options.cflags))
-    flags = tuple(options.cflags) + BASE_FLAGS + vm_cflags
+    flags = tuple(options.cflags) + wide_vectors(tuple(options.cflags)) + BASE_FLAGS + vm_cflags
     k = cache.key(*sources, " ".join(flags), compiler_version(options.cc), __version__, _cpu_signature())
     d = cache.ensure_private_dir(options.cache_dir)
     so = os.path.join(d, f"{k}.so")
