@@ -187,3 +187,60 @@ def test_rewrite_leaves_other_matmuls_alone():
     x, w = b.input(0, [4, 8], "float32"), b.input(1, [8, 3], "float32")
     g = b.graph([b.node("identity", (b.matmul(x, w),))])
     assert fuse_attention(g) is g
+
+
+def _prelude_lib(tmp_path, body: str):
+    import ctypes
+    import subprocess
+
+    from polytile.codegen.c import PRELUDE
+    from polytile.options import Options
+
+    src = tmp_path / "t.c"
+    src.write_text(PRELUDE + body)
+    so = tmp_path / "t.so"
+    subprocess.run([Options().cc, *Options().cflags, "-std=gnu11", "-shared", "-fPIC", "-fno-math-errno", str(src),
+                    "-o", str(so), "-lm"], check=True)
+    return ctypes.CDLL(str(so))
+
+
+@pytest.mark.parametrize("lanes", [4, 8, 16])
+def test_vector_exp_and_lane_reductions_of_the_renderer(tmp_path, lanes):
+    import ctypes
+
+    body = f"""
+void vexp(const float* x, float* y, long n) {{
+  for (long i = 0; i < n; i += {lanes}) *(pt_f32x{lanes}*)&y[i] = pt_exp_f32x{lanes}(*(const pt_f32x{lanes}*)&x[i]);
+}}
+void lanes(const float* x, float* out) {{
+  pt_f32x{lanes} v = *(const pt_f32x{lanes}*)x, w = *(const pt_f32x{lanes}*)&x[{lanes}];
+  out[0] = pt_lanes_sum_f32x{lanes}(v); out[1] = pt_lanes_max_f32x{lanes}(v);
+  pt_f32x{lanes} m = pt_vmax_f32x{lanes}(v, w);
+  for (int i = 0; i < {lanes}; ++i) out[2 + i] = m[i];
+}}
+"""
+    lib = _prelude_lib(tmp_path, body)
+    x = torch.cat([torch.linspace(-100, 100, 4096 * 4), torch.randn(1024) * 5,
+                   torch.tensor([-math.inf, math.inf, math.nan, 0.0, -0.0, -87.0, 88.0, -88.5])])
+    x = torch.cat([x, torch.zeros((-x.numel()) % lanes)])
+    y = torch.empty_like(x)
+    ptr = ctypes.c_void_p
+    lib.vexp(ptr(x.data_ptr()), ptr(y.data_ptr()), ctypes.c_long(x.numel()))
+    ref = torch.exp(x.double())
+    normal = (ref > 1e-37) & (ref < 3e38)
+    rel = ((y.double() - ref).abs() / ref)[normal]
+    assert rel.max() < 5e-7, rel.max()
+    assert torch.equal(torch.isnan(y), torch.isnan(x))
+    assert (y[x == -math.inf] == 0).all() and (y[x == math.inf] == math.inf).all()
+    assert (y[(x < -87.33) & ~torch.isnan(x)] == 0).all()
+    v = torch.randn(2 * lanes)
+    v[3] = math.nan if lanes > 4 else v[3]
+    out = torch.empty(2 + lanes)
+    lib.lanes(ptr(v.data_ptr()), ptr(out.data_ptr()))
+    head = v[:lanes]
+    if torch.isnan(head).any():
+        assert math.isnan(out[1])
+    else:
+        assert out[1] == head.max()
+        torch.testing.assert_close(out[0], head.sum(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out[2:], torch.maximum(head, v[lanes:]), equal_nan=True)
