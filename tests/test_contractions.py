@@ -236,3 +236,13 @@ def test_row_blocks_when_the_row_operand_exceeds_the_cache():
     a, bb = torch.randn(157, 128), torch.randn(128, 40)
     out, _ = _compile(torch.mm, (a, bb), target=tgt, threads=2)
     assert_accurate(out, a @ bb, lambda: fp64_reference(torch.mm, (a, bb)), 1e-4)
+
+
+@pytest.mark.parametrize("m,n,k", [(64, 96, 16), (33, 70, 37), (128, 64, 768), (7, 33, 100)])
+def test_linear_transposed_weight_pack_through_local_tile(m, n, k):
+    """A weight contiguous along the reduction (nn.Linear's) is packed through a local
+    blocks-of-lanes tile, the reduction tail element by element: results match eager."""
+    x, w, b = torch.randn(m, k), torch.randn(n, k), torch.randn(n)
+    out, st = _compile(F.linear, (x, w, b))
+    assert_accurate(out, F.linear(x, w, b), fp64_reference(F.linear, (x, w, b)), 1e-4)
+    assert st["ops_fallen_back"] == {} or not st["ops_fallen_back"]

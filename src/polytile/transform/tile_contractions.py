@@ -114,6 +114,9 @@ def tile_contractions(p: Program, target: Target) -> Program:
                 st = If(Op("lt", (jflat, c(N)), "bool"), (st,), (Store(buf, idx, Const(0.0, "float32")),))
             pbody: Stmt = For(jj, c(0), c(nr), (st,))
             step = fy.get(jn[-1], 0)
+            if (not guard and n.cond is None and len(jn) == 1 and len(rn) == 1 and step != 1
+                    and fy.get(rn[0], 0) == 1 and K >= vw):
+                return _transposed_pack(buf, idx, pval, rn[0], K, nr, vw, vt, jj)
             if not guard and (step == 1 or (step == 2 and n.y.buf in sizes)):
                 # Y walks the panel's columns contiguously when they share their outer coordinates
                 # (pixels of one image row); the condition (padding) is a conjunction of affine
@@ -288,3 +291,23 @@ def _row_tiles(n: Nest, mr: int, i0: Expr, MI: int, nv: int, vw: int, vt: str, y
     epi = epilogue_store(n, value, ivar, jvar)
     body.append(For(ii, c(0), c(mr), (For(jj, c(0), c(width), (epi,)),)))
     return For(io, c(0), c(MI), tuple(body), parallel=True)
+
+
+def _transposed_pack(buf: str, idx: Expr, pval: Load, r: str, K: int, nr: int, vw: int, vt: str,
+                     jj: str) -> tuple[Stmt, ...]:
+    """A panel of a Y that is contiguous along the reduction and strided along the columns
+    (the transposed weight of a linear layer): blocks of vw reductions x nr columns go through
+    a local tile, read as nr vector loads along the reduction and written out a panel row at a
+    time (a strided element gather measured 1.8 ms of a 4.3 ms 128x768x3072 linear)."""
+    rb, t = "rb", "t"
+    kb = K // vw
+    head = subst_vars(pval, {r: mul(Var(rb), c(vw))})
+    load = replace(head, dtype=vt)
+    blk = (For(jj, c(0), c(nr), (Store("tblk", mul(Var(jj), c(vw)), load),)),
+           For(t, c(0), c(vw), (For(jj, c(0), c(nr), (
+               Store(buf, subst_vars(idx, {r: add(mul(Var(rb), c(vw)), Var(t))}),
+                     Load("tblk", add(mul(Var(jj), c(vw)), Var(t)), "float32")),)),)))
+    out: list[Stmt] = [Alloc("tblk", "float32", nr * vw), For(rb, c(0), c(kb), blk)]
+    if K % vw:
+        out.append(For(r, c(kb * vw), c(K), (For(jj, c(0), c(nr), (Store(buf, idx, pval),)),)))
+    return tuple(out)
