@@ -74,6 +74,9 @@ def tile_sizes(t: Target, L: int, S: int, D: int, Dv: int, tasks_outside: int, t
     while br > step and tasks_outside * -(-L // br) < 2 * threads:
         br //= 2
     br = max(step, br // step * step)
+    # balance the row tiles: L = 197 in tiles of 52, not 64 + 64 + 64 + 5
+    tiles = -(-L // br)
+    br = max(step, -(-(-(-L // tiles)) // step) * step)
     return {"BR": br, "BC": bc, "RQ": rq, "RV": rv, "VW": vw, "DVP": dvp}
 
 
@@ -123,7 +126,7 @@ def lower_attention(b, n: Node, target: Target, threads: int, kbuf: str, vbuf: s
         key = add(j0, j)
         st: list[Stmt] = []
         # scores: s = qp . kp in RQ x BC register tiles
-        nq = BC // VW
+        nq = -(-width // VW)  # the last, partial tile: only the vectors that hold keys
         acc = [[f"sa{a}_{y}" for y in range(nq)] for a in range(RQ)]
         kt0 = mul(add(mul(add(mul(bflat, c(SP // BC)), Op("floordiv", (j0, c(BC)), INDEX)), c(D)), d), c(BC))
         inner: list[Stmt] = [Let(f"ky{y}", vt, Load(kbuf, add(kt0, c(y * VW)), vt)) for y in range(nq)]
