@@ -246,3 +246,21 @@ void lanes(const float* x, float* out) {{
         assert out[1] == head.max()
         torch.testing.assert_close(out[0], head.sum(), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(out[2:], torch.maximum(head, v[lanes:]), equal_nan=True)
+
+
+def test_constant_evaluation_of_deep_graphs_neither_recurses_nor_guesses():
+    """A mask behind thousands of ops (XLNet's attention terms) must not hit Python's recursion
+    limit: evaluation gives up (None), the rewrite goes on without the causal shortcut."""
+    from polytile.graph.const_eval import evaluate
+
+    b = GraphBuilder()
+    x = b.input(0, [4, 4], "float32")
+    c0 = b.full(1.0, "float32", (4, 4))
+    deep_in, deep_const = x, c0
+    for _ in range(3000):
+        deep_in = b.ew("add", deep_in, b.full(1.0, "float32"))
+        deep_const = b.ew("add", deep_const, b.full(1.0, "float32"))
+    assert evaluate(deep_in) is None  # reads an input
+    assert evaluate(deep_const) is None  # too deep to be an index mask
+    small = b.ew("add", c0, b.full(2.0, "float32"))
+    assert (evaluate(small) == 3.0).all()

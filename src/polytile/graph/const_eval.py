@@ -22,14 +22,33 @@ _FN = {
 }
 
 
-def evaluate(n: Node, _memo: dict | None = None) -> np.ndarray | None:
+MAX_NODES = 256  # a mask built from indices is a handful of ops; deeper graphs are not tried
+
+
+def evaluate(n: Node) -> np.ndarray | None:
     """The value of ``n`` as an array of its shape, or None if it is not a small constant."""
-    memo = {} if _memo is None else _memo
-    if n.id in memo:
-        return memo[n.id]
-    out = _eval(n, memo) if n.numel <= MAX_ELEMENTS and n.dtype in _NP_DTYPE else None
-    memo[n.id] = out
-    return out
+    order: list[Node] = []  # post-order, without recursion (graphs can be thousands of ops deep)
+    seen: set[int] = set()
+    stack: list[tuple[Node, bool]] = [(n, False)]
+    while stack:
+        x, done = stack.pop()
+        if done:
+            order.append(x)
+            continue
+        if x.id in seen:
+            continue
+        seen.add(x.id)
+        if x.op == "input" or len(seen) > MAX_NODES or x.numel > MAX_ELEMENTS or x.dtype not in _NP_DTYPE:
+            return None
+        stack.append((x, True))
+        stack.extend((i, False) for i in x.inputs)
+    memo: dict[int, np.ndarray] = {}
+    for x in order:
+        v = _eval(x, memo)
+        if v is None:
+            return None
+        memo[x.id] = v
+    return memo[n.id]
 
 
 def _eval(n: Node, memo: dict) -> np.ndarray | None:
@@ -38,9 +57,7 @@ def _eval(n: Node, memo: dict) -> np.ndarray | None:
         return np.full(n.shape, n.attr("value"), dtype=dt)
     if n.op == "iota":
         return (n.attr("start") + n.attr("step") * np.arange(n.shape[0])).astype(dt)
-    args = [evaluate(i, memo) for i in n.inputs]
-    if any(a is None for a in args):
-        return None
+    args = [memo[i.id] for i in n.inputs]
     if n.op == "view":
         flat = np.ascontiguousarray(args[0]).reshape(-1)
         idx = np.full(n.shape, n.attr("offset"), dtype=np.int64)
