@@ -45,9 +45,19 @@ def tile_sizes(t: Target) -> tuple[int, int, int]:
     return mr, nv, vw
 
 
+def wide_tile(t: Target, mr: int, nv: int, vw: int, N: int) -> tuple[int, int]:
+    """(MR, NV) for a nest with N columns: with 32 vector registers and columns for it, a 9 x 3
+    vector tile instead of 14 x 2 (each panel then meets all of X once per 48 columns, not 32:
+    measured +4-12% on 10 of 12 GEMM shapes on an AVX-512 Xeon, -2% on one). Matmul-like nests
+    only (one column loop): on convolutions (pixels as columns) it was mixed, -10 to +50%."""
+    if t.vector_registers >= 32 and N >= 3 * vw:
+        return (t.vector_registers - 3 - 1) // 3, 3
+    return mr, nv
+
+
 def tile_contractions(p: Program, target: Target) -> Program:
-    mr, nv, vw = tile_sizes(target)
-    nr = nv * vw
+    mr0, nv0, vw = tile_sizes(target)
+    nr0 = nv0 * vw
     vt = vector_type("float32", vw)
     kernels: list[Kernel] = []
     buffers = list(p.buffers)
@@ -55,7 +65,7 @@ def tile_contractions(p: Program, target: Target) -> Program:
     for k in p.kernels:
         n = match(k)
         if n is not None:
-            k, n = orient(k, n, nr)
+            k, n = orient(k, n, nr0)
         M = trip_count(n.iloop) if n else 0
         N = K = 1
         if n:
@@ -63,13 +73,15 @@ def tile_contractions(p: Program, target: Target) -> Program:
                 N *= trip_count(f)
             for f in n.rloops:
                 K *= trip_count(f)
-        if n is not None and N < nr and n.cond is None and K >= 2 * vw and M * N * K >= MIN_WORK // 8 \
+        if n is not None and N < nr0 and n.cond is None and K >= 2 * vw and M * N * K >= MIN_WORK // 8 \
                 and contiguous(linear_form(n.x.index)[0], [f.var for f in n.rloops], n.rloops):
             kernels.extend(dot_form(k, n, M, N, K, vw, target.vector_registers, buffers))
             continue
-        if n is None or M < mr or N < nr or M * N * K * batch_index(n.batch)[0] < MIN_WORK:
+        if n is None or M < mr0 or N < nr0 or M * N * K * batch_index(n.batch)[0] < MIN_WORK:
             kernels.append(k)
             continue
+        mr, nv = wide_tile(target, mr0, nv0, vw, N) if len(n.jloops) == 1 else (mr0, nv0)
+        nr = nv * vw
         MI, NJ = M // mr, N // nr
         tail = N % nr  # the last panel is partial: packed with zeros past N, stored up to N
         NJt = NJ + (1 if tail else 0)
