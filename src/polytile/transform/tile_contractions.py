@@ -223,7 +223,17 @@ def tile_contractions(p: Program, target: Target) -> Program:
         if rest:
             groups.append((rest, None))
         roots = []
-        for jlo, jhi, width in ((0, NJ, nr), (NJ, NJt, tail)):
+        if fused and tail:
+            # one parallel loop over all NJt panels, the partial last one behind a test: run as a
+            # nest of its own it took one thread while the other waited (1024^3: 22 panels of 48)
+            lf = pack("ypanel", add(mul(rflat, c(nr)), Var(jj)), False)
+            lt = pack("ypanel", add(mul(rflat, c(nr)), Var(jj)), True)
+            for rows, block in groups:
+                bf = _panel_body(n, rows, nv, vw, vt, pk, bl, NJt, K, R, xpack, nr, lf)
+                bt = _panel_body(n, rows, nv, vw, vt, pk, bl, NJt, K, R, xpack, tail, lt)
+                both = If(Op("lt", (Var("jo"), c(NJ)), "bool"), tuple(bf), tuple(bt))
+                roots.append(_wrap(n, For("jo", c(0), c(NJt), (both,), parallel=True), block))
+        for jlo, jhi, width in ((0, NJ, nr), (NJ, NJt, tail)) if not (fused and tail) else ():
             if jhi == jlo:
                 continue
             local = pack("ypanel", add(mul(rflat, c(nr)), Var(jj)), width < nr) if fused else None
@@ -248,10 +258,16 @@ def _tile_nest(n: Nest, rows: list[tuple[int, Expr, int]], nv: int, vw: int, vt:
     ``xpack`` = (buffer, batch index, tiles, row width): read X from its packed panels.
     ``block`` = (variable, count): a sequential loop of row blocks around the panel loop."""
     jlo, jhi, width = panels
+    loops = _panel_body(n, rows, nv, vw, vt, pk, bl, NJ, K, R, xpack, width, local)
+    return _wrap(n, For("jo", c(jlo), c(jhi), tuple(loops), parallel=True), block)
+
+
+def _panel_body(n: Nest, rows, nv: int, vw: int, vt: str, pk: str, bl: Expr, NJ: int, K: int, R: Var, xpack,
+                width: int, local) -> list[Stmt]:
+    """The statements for one panel jo (see ``_tile_nest``)."""
     nr = nv * vw
-    jo = "jo"
     if local is None:
-        panel = mul(add(mul(add(mul(bl, c(NJ)), Var(jo)), c(K)), R), c(nr))  # Yp[bl][jo][R][0]
+        panel = mul(add(mul(add(mul(bl, c(NJ)), Var("jo")), c(K)), R), c(nr))  # Yp[bl][jo][R][0]
         ybuf = pk
     else:
         panel, ybuf = mul(R, c(nr)), "ypanel"
@@ -259,7 +275,11 @@ def _tile_nest(n: Nest, rows: list[tuple[int, Expr, int]], nv: int, vw: int, vt:
                          for mr, i0, MI in rows]
     if local is not None:
         loops = [Alloc("ypanel", "float32", K * nr), *local, *[replace(f, parallel=False) for f in loops]]
-    main: Stmt = For(jo, c(jlo), c(jhi), tuple(loops), parallel=True)
+    return loops
+
+
+def _wrap(n: Nest, main: Stmt, block) -> Stmt:
+    """The panel loop inside the row-block loop (if any) inside the batch loops."""
     if block is not None:
         main = For(block[0], c(0), c(block[1]), (main,), parallel=False)
     for f in reversed(n.batch):
