@@ -98,10 +98,9 @@ def _bench_models(a, argv) -> int:
 
 
 def _bench_contractions(a, argv) -> int:
-    import json
     import os
 
-    from .bench import contractions, suite, zoo
+    from .bench import contractions, zoo
 
     shapes = a.shapes_dir or (os.path.dirname(zoo.default_models_csv() or "") or None)
     if not shapes:
@@ -109,24 +108,13 @@ def _bench_contractions(a, argv) -> int:
         return 2
     text, results = contractions.run(shapes, threads=a.threads, rounds=a.rounds, inductor=not a.no_inductor,
                                      kinds=tuple(a.kind or ("gemm", "conv")), limit=a.limit)
-    command = "polytile " + " ".join(argv if argv is not None else sys.argv[1:])
-    out = f"# Contraction benchmark\n\nCommand: `{command}`\n\nMachine: {suite.environment()}\n\n{text}\n"
-    print(out)
-    if a.out:
-        os.makedirs(a.out, exist_ok=True)
-        with open(os.path.join(a.out, "report.md"), "w") as fh:
-            fh.write(out)
-        with open(os.path.join(a.out, "results.json"), "w") as fh:
-            json.dump({"environment": suite.environment(), "command": command, "results": results}, fh, indent=1)
-        contractions.chart(results, os.path.join(a.out, "speedup.png"))
-    return 0
+    return _report("Contraction benchmark", text, results, a.out, argv, contractions.chart)
 
 
 def _bench_attention(a, argv) -> int:
-    import json
     import os
 
-    from .bench import attention, contractions, suite, zoo
+    from .bench import attention, contractions, zoo
 
     path = a.configs or os.path.join(os.path.dirname(zoo.default_models_csv() or ""), "attention_configs.csv")
     if not os.path.exists(path):
@@ -137,37 +125,37 @@ def _bench_attention(a, argv) -> int:
         configs.append({"batch": 1, "heads": 8, "kv_heads": 8, "seq_q": 4096, "seq_k": 4096, "head_dim": 64,
                         "causal": True})
     text, results = attention.run(configs, threads=a.threads, rounds=a.rounds, inductor=not a.no_inductor)
-    command = "polytile " + " ".join(argv if argv is not None else sys.argv[1:])
-    out = f"# Attention benchmark\n\nCommand: `{command}`\n\nMachine: {suite.environment()}\n\n{text}\n"
-    print(out)
-    if a.out:
-        os.makedirs(a.out, exist_ok=True)
-        with open(os.path.join(a.out, "report.md"), "w") as fh:
-            fh.write(out)
-        with open(os.path.join(a.out, "results.json"), "w") as fh:
-            json.dump({"environment": suite.environment(), "command": command, "results": results}, fh, indent=1)
-        contractions.chart(results, os.path.join(a.out, "speedup.png"))
-    return 0
+    return _report("Attention benchmark", text, results, a.out, argv, contractions.chart)
 
 
 def _bench_fusion(a, argv) -> int:
-    import json
-    import os
-
-    from .bench import fusion, suite
+    from .bench import fusion
 
     text, results = fusion.run(threads=a.threads, rounds=a.rounds, scale=a.scale, inductor=not a.no_inductor,
                                only=a.only or None)
+    return _report("Fusion benchmark", text, results, a.out, argv)
+
+
+def _report(title: str, text: str, results: list[dict], out_dir: str | None, argv, chart=None) -> int:
+    """Print a benchmark's report; with ``out_dir``, also write report.md, results.json and
+    (given ``chart``) speedup.png there."""
+    import json
+    import os
+
+    from .bench import suite
+
     command = "polytile " + " ".join(argv if argv is not None else sys.argv[1:])
     env = suite.environment()
-    out = f"# Fusion benchmark\n\nCommand: `{command}`\n\nMachine: {env}\n\n{text}\n"
+    out = f"# {title}\n\nCommand: `{command}`\n\nMachine: {env}\n\n{text}\n"
     print(out)
-    if a.out:
-        os.makedirs(a.out, exist_ok=True)
-        with open(os.path.join(a.out, "report.md"), "w") as fh:
+    if out_dir:
+        os.makedirs(out_dir, exist_ok=True)
+        with open(os.path.join(out_dir, "report.md"), "w") as fh:
             fh.write(out)
-        with open(os.path.join(a.out, "results.json"), "w") as fh:
+        with open(os.path.join(out_dir, "results.json"), "w") as fh:
             json.dump({"environment": env, "command": command, "results": results}, fh, indent=1)
+        if chart is not None:
+            chart(results, os.path.join(out_dir, "speedup.png"))
     return 0
 
 

@@ -68,10 +68,16 @@ class _Builder:
 
     # -- buffers and reads -----------------------------------------------------------------
     def buf(self, n: Node) -> str:
-        if n.id not in self.bufs:  # numbered per program, so equal graphs give equal programs
-            self.bufs[n.id] = Buffer(f"t{self._ntemps}", n.dtype, n.numel, "temp")
-            self._ntemps += 1
+        if n.id not in self.bufs:
+            self.temp(n.dtype, n.numel, key=n.id)
         return self.bufs[n.id].name
+
+    def temp(self, dtype: str, size: int, key=None) -> str:
+        """A new temp buffer (numbered per program, so equal graphs give equal programs)."""
+        name = f"t{self._ntemps}"
+        self._ntemps += 1
+        self.bufs[name if key is None else key] = Buffer(name, dtype, size, "temp")
+        return name
 
     def read(self, n: Node, idx: Sequence[Expr]) -> Expr:
         if n.op == "full":
@@ -443,15 +449,9 @@ class _Builder:
 
 def _attention(b: _Builder, n: Node) -> None:
     from ..target import detect
-    from .build_attention import lower_attention, packed_sizes
+    from .build_attention import lower_attention
 
-    t = b.target or detect()
-    names = []
-    for size in packed_sizes(t, n, b.threads):  # packed K and V: as large as K and V, not the scores
-        names.append(f"t{b._ntemps}")
-        b.bufs[names[-1]] = Buffer(names[-1], "float32", size, "temp")
-        b._ntemps += 1
-    pack, main = lower_attention(b, n, t, b.threads, *names)
+    pack, main = lower_attention(b, n, b.target or detect(), b.threads)
     b.emit(n, pack, f"pack K, V for {n.op}{list(n.shape)}")
     b.emit(n, main)
 

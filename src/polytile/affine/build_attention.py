@@ -25,6 +25,7 @@ these plain row loops, which the C compiler vectorizes.)
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from ..graph.ir import Node
 from ..target import Target
@@ -45,16 +46,6 @@ def _lt(a: Expr, b: Expr) -> Op:
 
 def _pow2_at_most(x: int) -> int:
     return 1 << (max(1, x).bit_length() - 1)
-
-
-def packed_sizes(t: Target, n: Node, threads: int) -> tuple[int, int]:
-    """Elements of the packed K and V buffers of ``n``."""
-    bd = n.shape[:-2]
-    L, Dv = n.shape[-2:]
-    D, S = n.inputs[1].shape[-2:]
-    ts = tile_sizes(t, L, S, D, Dv, math.prod(bd), threads)
-    sp = -(-S // ts["BC"]) * ts["BC"]
-    return math.prod(bd) * sp * D, math.prod(bd) * sp * ts["DVP"]
 
 
 def tile_sizes(t: Target, L: int, S: int, D: int, Dv: int, tasks_outside: int, threads: int) -> dict:
@@ -80,12 +71,11 @@ def tile_sizes(t: Target, L: int, S: int, D: int, Dv: int, tasks_outside: int, t
     return {"BR": br, "BC": bc, "RQ": rq, "RV": rv, "VW": vw, "DVP": dvp}
 
 
-def lower_attention(b, n: Node, target: Target, threads: int, kbuf: str, vbuf: str
-                    ) -> tuple[list[Stmt], list[Stmt]]:
+def lower_attention(b, n: Node, target: Target, threads: int) -> tuple[list[Stmt], list[Stmt]]:
     """(pack, main) statements of the attention of node ``n`` (see the module docstring):
-    ``pack`` writes K^T tiles into ``kbuf`` [batch][S/BC][D][BC] and V into ``vbuf``
-    [batch][S'][Dv'] (zeros past S and Dv) once per batch index; ``main`` is the online
-    softmax nest reading them."""
+    ``pack`` writes K^T tiles into a new temp [batch][S/BC][D][BC] and V into another
+    [batch][S'][Dv'] (zeros past S and Dv: as large as K and V, not the scores) once per batch
+    index; ``main`` is the online softmax nest reading them. ``b`` is the affine builder."""
     q, kt, v, *masks = n.inputs
     bd = list(n.shape[:-2])
     L, Dv = n.shape[-2:]
@@ -99,6 +89,7 @@ def lower_attention(b, n: Node, target: Target, threads: int, kbuf: str, vbuf: s
     NT = -(-L // BR)
     steps = n.attr("steps")
     SP = -(-S // BC) * BC
+    kbuf, vbuf = b.temp(F32, math.prod(bd) * SP * D), b.temp(F32, math.prod(bd) * SP * DVP)
     bflat: Expr = c(0)
     for k, v_ in enumerate(bvars):
         bflat = add(mul(bflat, c(bd[k])), v_)
@@ -125,22 +116,16 @@ def lower_attention(b, n: Node, target: Target, threads: int, kbuf: str, vbuf: s
         """Everything for the keys [j0, j0 + width) (width < BC only for the last tile)."""
         key = add(j0, j)
         st: list[Stmt] = []
-        # scores: s = qp . kp in RQ x BC register tiles
+        # scores: s = qp . K^T tile in RQ x BC register tiles
         nq = -(-width // VW)  # the last, partial tile: only the vectors that hold keys
-        acc = [[f"sa{a}_{y}" for y in range(nq)] for a in range(RQ)]
         kt0 = mul(add(mul(add(mul(bflat, c(SP // BC)), Op("floordiv", (j0, c(BC)), INDEX)), c(D)), d), c(BC))
-        inner: list[Stmt] = [Let(f"ky{y}", vt, Load(kbuf, add(kt0, c(y * VW)), vt)) for y in range(nq)]
-        for a in range(RQ):
-            inner.append(Let(f"qx{a}", F32, Load("qp", add(mul(add(mul(x, c(RQ)), c(a)), c(D)), d), F32)))
-            for y in range(nq):
-                prod = _f("mul", _f("broadcast", Var(f"qx{a}", F32), dtype=vt), Var(f"ky{y}", vt), dtype=vt)
-                inner.append(Assign(acc[a][y], _f("add", Var(acc[a][y], vt), prod, dtype=vt)))
-        tile: list[Stmt] = [Let(acc[a][y], vt, _f("broadcast", Const(0.0, F32), dtype=vt))
-                            for a in range(RQ) for y in range(nq)]
-        tile.append(For("d", c(0), c(D), tuple(inner)))
-        tile += [Store("s", add(mul(add(mul(x, c(RQ)), c(a)), c(BC)), c(y * VW)), Var(acc[a][y], vt))
-                 for a in range(RQ) for y in range(nq)]
-        st.append(For("x", c(0), c(BR // RQ), tuple(tile)))
+        srow = [[add(mul(add(mul(x, c(RQ)), c(a)), c(BC)), c(y * VW)) for y in range(nq)] for a in range(RQ)]
+        st.append(For("x", c(0), c(BR // RQ), _register_tile(
+            "s", RQ, nq, vt, For("d", c(0), c(D), ()),
+            lambda a: Load("qp", add(mul(add(mul(x, c(RQ)), c(a)), c(D)), d), F32),
+            lambda y: Load(kbuf, add(kt0, c(y * VW)), vt),
+            lambda a, y: _f("broadcast", Const(0.0, F32), dtype=vt),
+            lambda a, y, acc: Store("s", srow[a][y], acc))))
         # online softmax per row (rows past L hold zeros and are never stored)
         row = add(row0, r)
         sidx = add(mul(r, c(BC)), j)
@@ -172,21 +157,16 @@ def lower_attention(b, n: Node, target: Target, threads: int, kbuf: str, vbuf: s
         if width < BC:
             rowwork.append(For("j", c(width), c(BC), (Store("s", sidx, Const(0.0, F32)),)))
         st.append(For("r", c(0), c(BR), (If(_lt(row, c(L)), tuple(rowwork)),) if L % BR else tuple(rowwork)))
-        # o += s . vp in RV x DVP register tiles
+        # o += s . V tile in RV x DVP register tiles
         nv = DVP // VW
-        oacc = [[f"oa{a}_{y}" for y in range(nv)] for a in range(RV)]
         oidx = [[add(mul(add(mul(x, c(RV)), c(a)), c(DVP)), c(y * VW)) for y in range(nv)] for a in range(RV)]
         vrow0 = mul(add(mul(bflat, c(SP)), add(j0, j)), c(DVP))
-        pin: list[Stmt] = [Let(f"vy{y}", vt, Load(vbuf, add(vrow0, c(y * VW)), vt)) for y in range(nv)]
-        for a in range(RV):
-            pin.append(Let(f"px{a}", F32, Load("s", add(mul(add(mul(x, c(RV)), c(a)), c(BC)), j), F32)))
-            for y in range(nv):
-                prod = _f("mul", _f("broadcast", Var(f"px{a}", F32), dtype=vt), Var(f"vy{y}", vt), dtype=vt)
-                pin.append(Assign(oacc[a][y], _f("add", Var(oacc[a][y], vt), prod, dtype=vt)))
-        ptile: list[Stmt] = [Let(oacc[a][y], vt, Load("o", oidx[a][y], vt)) for a in range(RV) for y in range(nv)]
-        ptile.append(For("j", c(0), c(width), tuple(pin)))
-        ptile += [Store("o", oidx[a][y], Var(oacc[a][y], vt)) for a in range(RV) for y in range(nv)]
-        st.append(For("x", c(0), c(BR // RV), tuple(ptile)))
+        st.append(For("x", c(0), c(BR // RV), _register_tile(
+            "o", RV, nv, vt, For("j", c(0), c(width), ()),
+            lambda a: Load("s", add(mul(add(mul(x, c(RV)), c(a)), c(BC)), j), F32),
+            lambda y: Load(vbuf, add(vrow0, c(y * VW)), vt),
+            lambda a, y: Load("o", oidx[a][y], vt),
+            lambda a, y, acc: Store("o", oidx[a][y], acc))))
         return st
 
     jt = Var("jt")
@@ -215,9 +195,8 @@ def lower_attention(b, n: Node, target: Target, threads: int, kbuf: str, vbuf: s
         nest = [For(bvars[k].name, c(0), c(bd[k]), tuple(nest), parallel=True)]
     # ---- pack: K^T tiles [batch][S/BC][D][BC] and V rows [batch][S'][Dv'], zeros past S, Dv
     key = add(mul(jt, c(BC)), j)
-    kst = Store(kbuf, add(mul(add(mul(add(mul(bflat, c(SP // BC)), jt), c(D)), d), c(BC)), j),
-                b.read(kt, bvars + [d, key]))
-    kzero = Store(kbuf, add(mul(add(mul(add(mul(bflat, c(SP // BC)), jt), c(D)), d), c(BC)), j), Const(0.0, F32))
+    kidx = add(mul(add(mul(add(mul(bflat, c(SP // BC)), jt), c(D)), d), c(BC)), j)
+    kst, kzero = Store(kbuf, kidx, b.read(kt, bvars + [d, key])), Store(kbuf, kidx, Const(0.0, F32))
     kpack: Stmt = For("j", c(0), c(BC), (For("d", c(0), c(D), (guarded(S % BC != 0, _lt(key, c(S)), kst, kzero),)),))
     vidx = add(mul(add(mul(bflat, c(SP)), key), c(DVP)), d)
     vpack: list[Stmt] = [For("d", c(0), c(Dv), (guarded(S % BC != 0, _lt(key, c(S)),
@@ -229,6 +208,22 @@ def lower_attention(b, n: Node, target: Target, threads: int, kbuf: str, vbuf: s
     for k in reversed(range(len(bd))):
         pack = [For(bvars[k].name, c(0), c(bd[k]), tuple(pack), parallel=True)]
     return pack, nest
+
+
+def _register_tile(name: str, rows: int, nvec: int, vt: str, loop: For, x_of, y_of, init, store) -> tuple[Stmt, ...]:
+    """A rows x nvec-vector tile of accumulators ``name``<a>_<y> (scalar replacement): set by
+    ``init(a, y)``, then over ``loop`` acc[a][y] += broadcast(x_of(a)) * y_of(y), then
+    ``store(a, y, acc)``."""
+    acc = [[Var(f"{name}a{a}_{y}", vt) for y in range(nvec)] for a in range(rows)]
+    inner: list[Stmt] = [Let(f"{name}y{y}", vt, y_of(y)) for y in range(nvec)]
+    for a in range(rows):
+        inner.append(Let(f"{name}x{a}", F32, x_of(a)))
+        for y in range(nvec):
+            prod = _f("mul", _f("broadcast", Var(f"{name}x{a}", F32), dtype=vt), Var(f"{name}y{y}", vt), dtype=vt)
+            inner.append(Assign(acc[a][y].name, _f("add", acc[a][y], prod, dtype=vt)))
+    return (*(Let(acc[a][y].name, vt, init(a, y)) for a in range(rows) for y in range(nvec)),
+            replace(loop, body=tuple(inner)),
+            *(store(a, y, acc[a][y]) for a in range(rows) for y in range(nvec)))
 
 
 def _score_step(b, step: tuple, s: Expr, masks: list[Node], bvars: list[Var], row: Expr, key: Expr) -> Expr:

@@ -12,7 +12,7 @@ CTYPE = {"float32": "float", "float64": "double", "int64": "int64_t", "int32": "
          # vectors (GCC vector extensions; aligned(4): loads and stores through them may be unaligned)
          "float32x4": "pt_f32x4", "float32x8": "pt_f32x8", "float32x16": "pt_f32x16"}
 
-PRELUDE = r"""#include <stdint.h>
+_PRELUDE_HEAD = r"""#include <stdint.h>
 #include <stdbool.h>
 #include <math.h>
 typedef float pt_f32x4 __attribute__((vector_size(16), aligned(4)));
@@ -30,94 +30,34 @@ float erff(float) PT_SIMD; float asinf(float) PT_SIMD; float acosf(float) PT_SIM
 float sinhf(float) PT_SIMD; float coshf(float) PT_SIMD; float exp2f(float) PT_SIMD; float log2f(float) PT_SIMD;
 float log10f(float) PT_SIMD; float powf(float, float) PT_SIMD; float atan2f(float, float) PT_SIMD;
 #endif
-static inline pt_f32x4 pt_sel_f32x4(pt_i32x4 m, pt_f32x4 a, pt_f32x4 b) {
-  return (pt_f32x4)(((pt_i32x4)a & m) | ((pt_i32x4)b & ~m)); }
-static inline pt_f32x4 pt_exp_f32x4(pt_f32x4 x) {
-  /* vector exp: Cody-Waite reduction to r in [-ln2/2, ln2/2], degree-6 polynomial (Cephes
-     expf's), times 2^n built in the exponent bits; max relative error 3e-7 (5 ulp); 0 below
-     -87.33, inf above 88.72, NaN kept */
-  pt_i32x4 lo = x < -87.33f, hi = x > 88.72f, nan = x != x;
-  pt_f32x4 xc = pt_sel_f32x4(lo, (pt_f32x4){} - 87.33f, pt_sel_f32x4(hi, (pt_f32x4){} + 88.72f, x));
-  pt_f32x4 t = xc * 1.44269504088896341f;
-  pt_f32x4 half = (pt_f32x4)(((pt_i32x4)t & (int32_t)0x80000000) | 0x3f000000);
-  pt_i32x4 ni = __builtin_convertvector(t + half, pt_i32x4);
-  pt_f32x4 nf = __builtin_convertvector(ni, pt_f32x4);
-  pt_f32x4 r = xc - nf * 0.693359375f;
+"""
+
+# vector exp, one per vector width: Cody-Waite reduction to r in [-ln2/2, ln2/2], a degree-6
+# polynomial (Cephes expf's), times 2^n built in the exponent bits
+_VECTOR_EXP = r"""static inline pt_f32x{n} pt_sel_f32x{n}(pt_i32x{n} m, pt_f32x{n} a, pt_f32x{n} b) {{
+  return (pt_f32x{n})(((pt_i32x{n})a & m) | ((pt_i32x{n})b & ~m)); }}
+static inline pt_f32x{n} pt_exp_f32x{n}(pt_f32x{n} x) {{
+  /* max relative error 3e-7 (5 ulp); 0 below -87.33, inf above 88.72, NaN kept */
+  pt_i32x{n} lo = x < -87.33f, hi = x > 88.72f, nan = x != x;
+  pt_f32x{n} xc = pt_sel_f32x{n}(lo, (pt_f32x{n}){{}} - 87.33f, pt_sel_f32x{n}(hi, (pt_f32x{n}){{}} + 88.72f, x));
+  pt_f32x{n} t = xc * 1.44269504088896341f;
+  pt_f32x{n} half = (pt_f32x{n})(((pt_i32x{n})t & (int32_t)0x80000000) | 0x3f000000);
+  pt_i32x{n} ni = __builtin_convertvector(t + half, pt_i32x{n});
+  pt_f32x{n} nf = __builtin_convertvector(ni, pt_f32x{n});
+  pt_f32x{n} r = xc - nf * 0.693359375f;
   r = r - nf * -2.12194440e-4f;
-  pt_f32x4 p = r * 1.9875691500E-4f + 1.3981999507E-3f;
+  pt_f32x{n} p = r * 1.9875691500E-4f + 1.3981999507E-3f;
   p = p * r + 8.3334519073E-3f; p = p * r + 4.1665795894E-2f; p = p * r + 1.6666665459E-1f;
   p = p * r + 5.0000001201E-1f;
   p = p * (r * r) + r + 1.0f;
-  pt_i32x4 top = ni > 127;  /* 2^128 is not a float: scale by 2^127, then by 2 */
-  pt_f32x4 y = p * (pt_f32x4)((ni + top + 127) << 23);
-  y = pt_sel_f32x4(top, y + y, y);
-  y = pt_sel_f32x4(lo, (pt_f32x4){}, y);
-  y = pt_sel_f32x4(hi, (pt_f32x4){} + INFINITY, y);
-  return pt_sel_f32x4(nan, x, y); }
-static inline pt_f32x8 pt_sel_f32x8(pt_i32x8 m, pt_f32x8 a, pt_f32x8 b) {
-  return (pt_f32x8)(((pt_i32x8)a & m) | ((pt_i32x8)b & ~m)); }
-static inline pt_f32x8 pt_exp_f32x8(pt_f32x8 x) {
-  /* vector exp: Cody-Waite reduction to r in [-ln2/2, ln2/2], degree-6 polynomial (Cephes
-     expf's), times 2^n built in the exponent bits; max relative error 3e-7 (5 ulp); 0 below
-     -87.33, inf above 88.72, NaN kept */
-  pt_i32x8 lo = x < -87.33f, hi = x > 88.72f, nan = x != x;
-  pt_f32x8 xc = pt_sel_f32x8(lo, (pt_f32x8){} - 87.33f, pt_sel_f32x8(hi, (pt_f32x8){} + 88.72f, x));
-  pt_f32x8 t = xc * 1.44269504088896341f;
-  pt_f32x8 half = (pt_f32x8)(((pt_i32x8)t & (int32_t)0x80000000) | 0x3f000000);
-  pt_i32x8 ni = __builtin_convertvector(t + half, pt_i32x8);
-  pt_f32x8 nf = __builtin_convertvector(ni, pt_f32x8);
-  pt_f32x8 r = xc - nf * 0.693359375f;
-  r = r - nf * -2.12194440e-4f;
-  pt_f32x8 p = r * 1.9875691500E-4f + 1.3981999507E-3f;
-  p = p * r + 8.3334519073E-3f; p = p * r + 4.1665795894E-2f; p = p * r + 1.6666665459E-1f;
-  p = p * r + 5.0000001201E-1f;
-  p = p * (r * r) + r + 1.0f;
-  pt_i32x8 top = ni > 127;  /* 2^128 is not a float: scale by 2^127, then by 2 */
-  pt_f32x8 y = p * (pt_f32x8)((ni + top + 127) << 23);
-  y = pt_sel_f32x8(top, y + y, y);
-  y = pt_sel_f32x8(lo, (pt_f32x8){}, y);
-  y = pt_sel_f32x8(hi, (pt_f32x8){} + INFINITY, y);
-  return pt_sel_f32x8(nan, x, y); }
-static inline pt_f32x16 pt_sel_f32x16(pt_i32x16 m, pt_f32x16 a, pt_f32x16 b) {
-  return (pt_f32x16)(((pt_i32x16)a & m) | ((pt_i32x16)b & ~m)); }
-static inline pt_f32x16 pt_exp_f32x16(pt_f32x16 x) {
-  /* vector exp: Cody-Waite reduction to r in [-ln2/2, ln2/2], degree-6 polynomial (Cephes
-     expf's), times 2^n built in the exponent bits; max relative error 3e-7 (5 ulp); 0 below
-     -87.33, inf above 88.72, NaN kept */
-  pt_i32x16 lo = x < -87.33f, hi = x > 88.72f, nan = x != x;
-  pt_f32x16 xc = pt_sel_f32x16(lo, (pt_f32x16){} - 87.33f, pt_sel_f32x16(hi, (pt_f32x16){} + 88.72f, x));
-  pt_f32x16 t = xc * 1.44269504088896341f;
-  pt_f32x16 half = (pt_f32x16)(((pt_i32x16)t & (int32_t)0x80000000) | 0x3f000000);
-  pt_i32x16 ni = __builtin_convertvector(t + half, pt_i32x16);
-  pt_f32x16 nf = __builtin_convertvector(ni, pt_f32x16);
-  pt_f32x16 r = xc - nf * 0.693359375f;
-  r = r - nf * -2.12194440e-4f;
-  pt_f32x16 p = r * 1.9875691500E-4f + 1.3981999507E-3f;
-  p = p * r + 8.3334519073E-3f; p = p * r + 4.1665795894E-2f; p = p * r + 1.6666665459E-1f;
-  p = p * r + 5.0000001201E-1f;
-  p = p * (r * r) + r + 1.0f;
-  pt_i32x16 top = ni > 127;  /* 2^128 is not a float: scale by 2^127, then by 2 */
-  pt_f32x16 y = p * (pt_f32x16)((ni + top + 127) << 23);
-  y = pt_sel_f32x16(top, y + y, y);
-  y = pt_sel_f32x16(lo, (pt_f32x16){}, y);
-  y = pt_sel_f32x16(hi, (pt_f32x16){} + INFINITY, y);
-  return pt_sel_f32x16(nan, x, y); }
-static inline pt_f32x4 pt_vmax_f32x4(pt_f32x4 a, pt_f32x4 b) {  /* NaN wins, as torch.maximum */
-  return pt_sel_f32x4((a != a) | (a > b), a, b); }
-static inline float pt_lanes_sum_f32x4(pt_f32x4 v) { float s = 0.0f; for (int i = 0; i < 4; ++i) s += v[i]; return s; }
-static inline float pt_lanes_max_f32x4(pt_f32x4 v) {
-  float m = v[0]; for (int i = 1; i < 4; ++i) m = (m != m || m > v[i]) ? m : v[i]; return m; }
-static inline pt_f32x8 pt_vmax_f32x8(pt_f32x8 a, pt_f32x8 b) {  /* NaN wins, as torch.maximum */
-  return pt_sel_f32x8((a != a) | (a > b), a, b); }
-static inline float pt_lanes_sum_f32x8(pt_f32x8 v) { float s = 0.0f; for (int i = 0; i < 8; ++i) s += v[i]; return s; }
-static inline float pt_lanes_max_f32x8(pt_f32x8 v) {
-  float m = v[0]; for (int i = 1; i < 8; ++i) m = (m != m || m > v[i]) ? m : v[i]; return m; }
-static inline pt_f32x16 pt_vmax_f32x16(pt_f32x16 a, pt_f32x16 b) {  /* NaN wins, as torch.maximum */
-  return pt_sel_f32x16((a != a) | (a > b), a, b); }
-static inline float pt_lanes_sum_f32x16(pt_f32x16 v) { float s = 0.0f; for (int i = 0; i < 16; ++i) s += v[i]; return s; }
-static inline float pt_lanes_max_f32x16(pt_f32x16 v) {
-  float m = v[0]; for (int i = 1; i < 16; ++i) m = (m != m || m > v[i]) ? m : v[i]; return m; }
-static inline int64_t pt_floordiv_i(int64_t a, int64_t b) { if (b == 0) return 0; int64_t q = a / b; return (q * b != a && ((a < 0) != (b < 0))) ? q - 1 : q; }
+  pt_i32x{n} top = ni > 127;  /* 2^128 is not a float: scale by 2^127, then by 2 */
+  pt_f32x{n} y = p * (pt_f32x{n})((ni + top + 127) << 23);
+  y = pt_sel_f32x{n}(top, y + y, y);
+  y = pt_sel_f32x{n}(lo, (pt_f32x{n}){{}}, y);
+  y = pt_sel_f32x{n}(hi, (pt_f32x{n}){{}} + INFINITY, y);
+  return pt_sel_f32x{n}(nan, x, y); }}
+"""
+_PRELUDE_TAIL = r"""static inline int64_t pt_floordiv_i(int64_t a, int64_t b) { if (b == 0) return 0; int64_t q = a / b; return (q * b != a && ((a < 0) != (b < 0))) ? q - 1 : q; }
 static inline int64_t pt_mod_i(int64_t a, int64_t b) { if (b == 0) return 0; int64_t r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
 static inline int64_t pt_truncdiv_i(int64_t a, int64_t b) { return b == 0 ? 0 : a / b; }
 static inline int64_t pt_pow_i(int64_t a, int64_t e) { int64_t r = 1; if (e < 0) return a == 1 ? 1 : (a == -1 ? ((e & 1) ? -1 : 1) : 0); while (e) { if (e & 1) r *= a; a *= a; e >>= 1; } return r; }
@@ -133,13 +73,12 @@ static inline float pt_erfinv_f(float y) {
   return (float)x;
 }
 """
+PRELUDE = _PRELUDE_HEAD + "".join(_VECTOR_EXP.format(n=n) for n in (4, 8, 16)) + _PRELUDE_TAIL
 
 
 def _f(fname: str) -> Callable[[list[str], str], str]:
     """A libm function: float variant with the f suffix, double without, ints via double."""
     def r(a: list[str], dt: str) -> str:
-        if dt.startswith("float32x") and fname == "exp":  # a vector
-            return f"pt_exp_f32x{dt[len('float32x'):]}({a[0]})"  # the prelude's polynomial
         if dt == "float32":
             return f"{fname}f({a[0]})"
         if dt == "float64":
@@ -173,10 +112,7 @@ OPS: dict[str, Callable[[list[str], str, str], str]] = {
     "fmod": lambda a, d, t: f"fmod{_sfx(d)}({a[0]}, {a[1]})" if _isfloat(d) else f"(({a[1]}) == 0 ? 0 : ({a[0]}) % ({a[1]}))",
     "pow": lambda a, d, t: f"pow{_sfx(d)}({a[0]}, {a[1]})" if _isfloat(d) else f"({CTYPE[d]})pt_pow_i({a[0]}, {a[1]})",
     "atan2": lambda a, d, t: f"atan2{_sfx(d)}({a[0]}, {a[1]})",
-    # vector -> scalar: the sum / max (NaN wins) of the lanes
-    "lanes_sum": lambda a, d, t: f"pt_lanes_sum_f32x{lanes(t)}({a[0]})",
-    "lanes_max": lambda a, d, t: f"pt_lanes_max_f32x{lanes(t)}({a[0]})",
-    "maximum": lambda a, d, t: f"pt_vmax_f32x{lanes(d)}({a[0]}, {a[1]})" if lanes(d) > 1 else (f"({{ {CTYPE[d]} _a = {a[0]}, _b = {a[1]}; (_a != _a || _a > _b) ? _a : _b; }})"
+    "maximum": lambda a, d, t: (f"({{ {CTYPE[d]} _a = {a[0]}, _b = {a[1]}; (_a != _a || _a > _b) ? _a : _b; }})"
                                 if _isfloat(d) else f"({{ {CTYPE[d]} _a = {a[0]}, _b = {a[1]}; _a > _b ? _a : _b; }})"),
     "minimum": lambda a, d, t: (f"({{ {CTYPE[d]} _a = {a[0]}, _b = {a[1]}; (_a != _a || _a < _b) ? _a : _b; }})"
                                 if _isfloat(d) else f"({{ {CTYPE[d]} _a = {a[0]}, _b = {a[1]}; _a < _b ? _a : _b; }})"),
@@ -214,6 +150,8 @@ OPS: dict[str, Callable[[list[str], str, str], str]] = {
 for _name in ("exp", "log", "log1p", "expm1", "sqrt", "sin", "cos", "tan", "tanh", "erf", "asin", "acos",
               "atan", "sinh", "cosh", "exp2", "log2", "log10"):
     OPS[_name] = (lambda f: lambda a, d, t: f(a, d))(_f(_name))
+_scalar_exp = OPS["exp"]
+OPS["exp"] = lambda a, d, t: f"pt_exp_f32x{lanes(d)}({a[0]})" if lanes(d) > 1 else _scalar_exp(a, d, t)
 
 
 def const(v, dt: str) -> str:

@@ -35,8 +35,7 @@ class _Match:
     q: Node
     kt: Node
     v: Node
-    masks: list[Node]
-    steps: list[tuple]
+    steps: list[tuple]  # (fn, scalar or mask node, fill of keep/drop), from the scores outwards
     zero_empty: bool
     score_shape: tuple[int, ...]
     inner: set[int]
@@ -119,7 +118,6 @@ def _match(mm2: Node, users: dict[int, list[Node]], outputs: set[int]) -> _Match
     x, nodes = sm
     inner |= nodes
     steps: list[tuple] = []
-    masks: list[Node] = []
     chain = x
     for _ in range(8):
         if chain.op == "matmul" or (_is_reshape_view(chain) and chain.inputs[0].op == "matmul"):
@@ -132,23 +130,18 @@ def _match(mm2: Node, users: dict[int, list[Node]], outputs: set[int]) -> _Match
             if not _leads_to_matmul(a) or a.shape != chain.shape:
                 return None
             s = _scalar(b)
-            if s is not None:
-                steps.append((chain.op, "c", s))
-            else:
-                steps.append((chain.op, "m", len(masks)))
-                masks.append(b)
+            steps.append((chain.op, b if s is None else s, None))
             chain = a
         elif chain.op == "where":
             c, a, b = chain.inputs
             if _leads_to_matmul(a) and a.shape == chain.shape and _scalar(b) is not None:
-                steps.append(("keep", len(masks), _scalar(b)))
+                steps.append(("keep", c, _scalar(b)))
                 chain = a
             elif _leads_to_matmul(b) and b.shape == chain.shape and _scalar(a) is not None:
-                steps.append(("drop", len(masks), _scalar(a)))
+                steps.append(("drop", c, _scalar(a)))
                 chain = b
             else:
                 return None
-            masks.append(c)
         else:
             return None
     else:
@@ -168,7 +161,7 @@ def _match(mm2: Node, users: dict[int, list[Node]], outputs: set[int]) -> _Match
         if i in outputs or any(u.id not in inner and u is not mm2 for u in users.get(i, [])):
             return None
     steps.reverse()  # applied from the scores outwards
-    return _Match(q, kt, v, masks, steps, zero_empty, x.shape, inner)
+    return _Match(q, kt, v, steps, zero_empty, x.shape, inner)
 
 
 def _leads_to_matmul(n: Node, depth: int = 8) -> bool:
@@ -254,21 +247,17 @@ def _rewrite(b: GraphBuilder, m: _Match, new: dict[int, Node], mm2: Node, is_out
     kt = b.reshape(new[m.kt.id], bd + [m.kt.shape[-2], S])
     v = b.reshape(new[m.v.id], bd + [S, m.v.shape[-1]])
     masks: list[Node] = []
-    steps: list[tuple] = []
-    for st in m.steps:
-        if st[1] == "m" or st[0] in ("keep", "drop"):
-            k = st[2] if st[1] == "m" else st[1]
-            mask = m.masks[k]
-            kind = "add" if st[0] == "add" else st[0]
-            off = causal_offset(mask, kind, st[2] if st[0] in ("keep", "drop") else None) \
-                if st[0] in ("add", "keep", "drop") else None
-            if off is not None:
-                steps.append(("causal", "c", off))
-                continue
-            masks.append(new[mask.id])
-            steps.append((st[0], len(masks) - 1, st[2]) if st[0] in ("keep", "drop") else (st[0], "m", len(masks) - 1))
-        else:
-            steps.append(st)
+    steps: list[tuple] = []  # the node's attribute: masks by their position among its inputs
+    for fn, operand, fill in m.steps:
+        if isinstance(operand, float):
+            steps.append((fn, "c", operand))
+            continue
+        off = causal_offset(operand, fn, fill) if fn in ("add", "keep", "drop") else None
+        if off is not None:
+            steps.append(("causal", "c", off))
+            continue
+        masks.append(new[operand.id])
+        steps.append((fn, len(masks) - 1, fill) if fn in ("keep", "drop") else (fn, "m", len(masks) - 1))
     att = b.node("attention", [q, kt, v, *masks], steps=tuple(steps), zero_empty=m.zero_empty)
     out = b.reshape(att, list(mm2.shape))
     if is_output and out.op == "view":
