@@ -30,6 +30,9 @@ def _compile(fn, args, **opts):
 
 SHAPES = [(1, 1, 1), (7, 13, 5), (6, 16, 8), (12, 32, 64), (13, 17, 19), (97, 101, 103), (1000, 33, 7),
           (64, 1031, 16), (31, 48, 1),
+          # partial last panels of one and two vectors, packed per panel (>= 8 panels, K >= 64)
+          # and in a separate pack pass
+          (29, 400, 64), (40, 401, 70), (100, 97, 200),
           # few columns: the dot form (reduction vectorized), K with and without a lane tail
           (300, 1, 64), (77, 3, 129), (64, 4, 100), (45, 5, 37), (19, 9, 256), (1, 2, 5000)]
 
@@ -162,6 +165,20 @@ def test_tiled_ir_structure():
     stored = [[s.hi.value for s in walk_stmts([r]) if isinstance(s, For) and s.var == "jj"] for r in roots]
     assert [w[-1] for w in stored] == [16, 16, 8, 8]  # the partial panel's tiles store its 8 columns only
     assert roots[0].omp >= 1  # the tile loops run under OpenMP
+
+
+def test_partial_last_panel_computes_only_its_vectors():
+    # 16 vector registers of 8 lanes: 6 x 2-vector tiles; the last panel has 8 columns (one vector)
+    b = GraphBuilder()
+    x, w = b.input(0, [64, 48], F32), b.input(1, [48, 40], F32)
+    p = _pipeline(build(b.graph([b.matmul(x, w)])), target={"vector_bytes": 32, "vector_registers": 16})
+    sizes = [s.size for s in walk_stmts(p.kernels[1].body) if isinstance(s, Alloc) and s.name == "ctile"]
+    assert sorted(set(sizes)) == [4 * 8, 6 * 8, 4 * 16, 6 * 16]  # rows 64 % 6 = 4 left over
+    # 32 registers: 9 x 3-vector tiles; the 16-column tail panel gets 14 x 2-vector tiles
+    x, w = b.input(0, [64, 48], F32), b.input(1, [48, 40], F32)
+    p = _pipeline(build(b.graph([b.matmul(x, w)])), target={"vector_bytes": 32, "vector_registers": 32})
+    sizes = {s.size for s in walk_stmts(p.kernels[1].body) if isinstance(s, Alloc) and s.name == "ctile"}
+    assert 9 * 24 in sizes and 14 * 16 in sizes and 9 * 16 not in sizes
 
 
 def test_transposed_row_operand_is_packed():

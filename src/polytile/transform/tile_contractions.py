@@ -213,65 +213,80 @@ def tile_contractions(p: Program, target: Target) -> Program:
         # streaming all of X from memory per panel (the panels are packed once per block)
         mc = (target.l3_bytes // 4 // (K * 4)) // mr * mr
         nb = M // mc if (not n.batch and M * K * 4 > target.l3_bytes // 2 and mc >= 4 * mr) else 0
-        groups = []  # (row tiles, row-block loop)
-        if nb:
-            groups.append(([(mr, mul(Var("ib"), c(mc)), mc // mr)], ("ib", nb)))
-        lo = nb * mc
-        rest = [(mr, c(lo), (M - lo) // mr)] if (M - lo) // mr else []
-        if (M - lo) % mr:
-            rest.append(((M - lo) % mr, c(lo + (M - lo) // mr * mr), 1))
-        if rest:
-            groups.append((rest, None))
+        groups = _row_groups(M, mr, mc, nb)  # (row tiles, row-block loop)
+        # the partial last panel computes only the vectors it has columns for (a 48-column tile
+        # on a 16-column tail did 3x the work); with vectors to spare its row tiles grow taller
+        # (not with row blocks or a packed X, whose row tiles are fixed)
+        nvt = -(-tail // vw) if tail else nv
+        mrt = mr if (nb or xpack is not None) else min(max(mr, mr0), (target.vector_registers - nvt - 1) // nvt)
+        tgroups = _row_groups(M, mrt, mc, nb) if mrt != mr else groups
         roots = []
         if fused and tail:
             # one parallel loop over all NJt panels, the partial last one behind a test: run as a
             # nest of its own it took one thread while the other waited (1024^3: 22 panels of 48)
             lf = pack("ypanel", add(mul(rflat, c(nr)), Var(jj)), False)
             lt = pack("ypanel", add(mul(rflat, c(nr)), Var(jj)), True)
-            for rows, block in groups:
-                bf = _panel_body(n, rows, nv, vw, vt, pk, bl, NJt, K, R, xpack, nr, lf)
-                bt = _panel_body(n, rows, nv, vw, vt, pk, bl, NJt, K, R, xpack, tail, lt)
+            for (rows, block), (trows, _) in zip(groups, tgroups):
+                bf = _panel_body(n, rows, nv, vw, vt, pk, bl, NJt, K, R, xpack, nr, lf, nr)
+                bt = _panel_body(n, trows, nvt, vw, vt, pk, bl, NJt, K, R, xpack, tail, lt, nr)
                 both = If(Op("lt", (Var("jo"), c(NJ)), "bool"), tuple(bf), tuple(bt))
                 roots.append(_wrap(n, For("jo", c(0), c(NJt), (both,), parallel=True), block))
         for jlo, jhi, width in ((0, NJ, nr), (NJ, NJt, tail)) if not (fused and tail) else ():
             if jhi == jlo:
                 continue
+            vecs, gs = (nv, groups) if width == nr else (nvt, tgroups)
             local = pack("ypanel", add(mul(rflat, c(nr)), Var(jj)), width < nr) if fused else None
-            for rows, block in groups:
+            for rows, block in gs:
                 if local is not None:  # one nest: full row tiles and rows left over share the packed panel
-                    roots.append(_tile_nest(n, rows, nv, vw, vt, pk, bl, NJt, K, R, xpack, (jlo, jhi, width),
-                                            local, block))
+                    roots.append(_tile_nest(n, rows, vecs, vw, vt, pk, bl, NJt, K, R, xpack, (jlo, jhi, width),
+                                            local, block, nr))
                     continue
                 for r in rows:  # rows left over: a narrower tile on the same panels
-                    roots.append(_tile_nest(n, [r], nv, vw, vt, pk, bl, NJt, K, R, xpack, (jlo, jhi, width),
-                                            None, block))
+                    roots.append(_tile_nest(n, [r], vecs, vw, vt, pk, bl, NJt, K, R, xpack, (jlo, jhi, width),
+                                            None, block, nr))
         kernels.append(replace(k, body=tuple(roots)))
     return replace(p, kernels=tuple(kernels), buffers=tuple(buffers))
 
 
+def _row_groups(M: int, mr: int, mc: int, nb: int) -> list:
+    """[(row tiles, row-block loop)]: ``nb`` blocks of ``mc`` rows (a sequential loop), then the
+    rows after them in mr-row tiles and one narrower tile for the rows left over."""
+    groups = []
+    if nb:
+        groups.append(([(mr, mul(Var("ib"), c(mc)), mc // mr)], ("ib", nb)))
+    lo = nb * mc
+    rest = [(mr, c(lo), (M - lo) // mr)] if (M - lo) // mr else []
+    if (M - lo) % mr:
+        rest.append(((M - lo) % mr, c(lo + (M - lo) // mr * mr), 1))
+    if rest:
+        groups.append((rest, None))
+    return groups
+
+
 def _tile_nest(n: Nest, rows: list[tuple[int, Expr, int]], nv: int, vw: int, vt: str, pk: str, bl: Expr,
-               NJ: int, K: int, R: Var, xpack, panels: tuple[int, int, int], local=None, block=None) -> Stmt:
+               NJ: int, K: int, R: Var, xpack, panels: tuple[int, int, int], local=None, block=None,
+               nr: int = 0) -> Stmt:
     """for p..., jo in [lo, hi): for each (mr, i0, MI) of ``rows``, io < MI: an mr x (nv*vw) tile of
-    rows i0 + io*mr + [0, mr) on panel jo; ``panels`` = (lo, hi, columns stored of each panel).
+    rows i0 + io*mr + [0, mr) on panel jo; ``panels`` = (lo, hi, columns stored of each panel);
+    ``nr``: the width of a full panel (its packed row stride and column step), nv*vw by default.
     Panels come from the NJ packed panels of ``pk`` or, with ``local`` (the statements that pack
     panel jo into ``ypanel``), are packed at the top of each jo iteration.
     ``xpack`` = (buffer, batch index, tiles, row width): read X from its packed panels.
     ``block`` = (variable, count): a sequential loop of row blocks around the panel loop."""
     jlo, jhi, width = panels
-    loops = _panel_body(n, rows, nv, vw, vt, pk, bl, NJ, K, R, xpack, width, local)
+    loops = _panel_body(n, rows, nv, vw, vt, pk, bl, NJ, K, R, xpack, width, local, nr or nv * vw)
     return _wrap(n, For("jo", c(jlo), c(jhi), tuple(loops), parallel=True), block)
 
 
 def _panel_body(n: Nest, rows, nv: int, vw: int, vt: str, pk: str, bl: Expr, NJ: int, K: int, R: Var, xpack,
-                width: int, local) -> list[Stmt]:
-    """The statements for one panel jo (see ``_tile_nest``)."""
-    nr = nv * vw
+                width: int, local, nr: int) -> list[Stmt]:
+    """The statements for one panel jo (see ``_tile_nest``): nv vectors of each packed row of nr."""
     if local is None:
         panel = mul(add(mul(add(mul(bl, c(NJ)), Var("jo")), c(K)), R), c(nr))  # Yp[bl][jo][R][0]
         ybuf = pk
     else:
         panel, ybuf = mul(R, c(nr)), "ypanel"
-    loops: list[Stmt] = [_row_tiles(n, mr, i0, MI, nv, vw, vt, ybuf, panel, K, R, xpack, width)
+    loops: list[Stmt] = [_row_tiles(n, mr, i0, MI, nv, vw, vt, ybuf, panel, K, R, xpack, width, nr)
                          for mr, i0, MI in rows]
     if local is not None:
         loops = [Alloc("ypanel", "float32", K * nr), *local, *[replace(f, parallel=False) for f in loops]]
@@ -288,9 +303,10 @@ def _wrap(n: Nest, main: Stmt, block) -> Stmt:
 
 
 def _row_tiles(n: Nest, mr: int, i0: Expr, MI: int, nv: int, vw: int, vt: str, ybuf: str, panel: Expr, K: int,
-               R: Var, xpack, width: int) -> For:
+               R: Var, xpack, width: int, step: int) -> For:
     """io < MI: the mr x (nv*vw) register tile of rows i0 + io*mr + [0, mr) times panel jo (at
-    ``panel`` + R*nr in ``ybuf``), then its epilogue on the first ``width`` columns."""
+    ``panel`` in ``ybuf``, columns jo*step + [0, nv*vw)), then its epilogue on the first
+    ``width`` columns."""
     nr = nv * vw
     i = n.iloop.var
     rn = [f.var for f in n.rloops]
@@ -317,7 +333,7 @@ def _row_tiles(n: Nest, mr: int, i0: Expr, MI: int, nv: int, vw: int, vt: str, y
     body.append(For(R.name, c(0), c(K), tuple(inner)))
     body += [Store(tile, c(x * nr + y * vw), Var(accs[x][y], vt)) for x in range(mr) for y in range(nv)]
     ivar = add(row0, Var(ii))
-    jvar = add(mul(Var(jo), c(nr)), Var(jj))
+    jvar = add(mul(Var(jo), c(step)), Var(jj))
     tval = Load(tile, add(mul(Var(ii), c(nr)), Var(jj)), "float32")
     value = map_expr(n.store.value, lambda e: tval if isinstance(e, Var) and e.name == n.acc else e)
     epi = epilogue_store(n, value, ivar, jvar)
