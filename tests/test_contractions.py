@@ -239,6 +239,44 @@ def test_few_columns_use_the_dot_form():
     assert any(isinstance(s, Alloc) and s.size == 4 * 3 * 8 for s in walk_stmts(main.body))
 
 
+KBLOCK = [(50, 100, 300, False), (8, 200, 301, True), (20, 97, 320, False), (5, 80, 100, True),
+          (100, 130, 777, False),
+          # dot form (few columns) and one-vector panels (N = 16 lanes)
+          (50, 3, 3000, False), (13, 4, 1001, False), (30, 9, 777, False), (40, 16, 999, False)]
+
+
+@pytest.mark.parametrize("m,n,k,at", KBLOCK, ids=[f"{m}x{n}x{k}{'aT' if t else ''}" for m, n, k, t in KBLOCK])
+def test_long_reductions_run_in_blocks(m, n, k, at):
+    """With a tiny (overridden) L2 these reductions are too long for a packed panel: the tiled
+    and the dot forms run them in blocks of KC (a sequential block loop, accumulators kept in a
+    temp between blocks, the epilogue after the last); the answer is unchanged."""
+    a = torch.randn(k, m).t() if at else torch.randn(m, k)
+    b = torch.randn(k, n)
+
+    def fn(a, b):
+        return torch.sigmoid(a @ b) * 2.0
+
+    ref = fn(a, b)
+    for l2 in (16384, 65536):
+        out, _ = _compile(fn, (a, b), target={"l2_bytes": l2, "l1d_bytes": 4096})
+        assert_accurate(out, ref, lambda: fp64_reference(fn, (a, b)), 1e-4)
+    bld = GraphBuilder()
+    x = bld.transpose(bld.input(0, [k, m], F32), 0, 1) if at else bld.input(0, [m, k], F32)
+    p = _pipeline(build(bld.graph([bld.matmul(x, bld.input(1, [k, n], F32))])),
+                  target={"l2_bytes": 16384, "l1d_bytes": 4096})
+    loops = [s for s in walk_stmts(p.kernels[-1].body) if isinstance(s, For)]
+    assert any(f.var == "kb" for f in loops)
+
+
+def test_one_vector_panels_use_the_tiled_form():
+    """N = one vector: MR x 1 register tiles on packed panels (X streamed once), not the dot form."""
+    b = GraphBuilder()
+    x, w = b.input(0, [64, 100], F32), b.input(1, [100, 8], F32)
+    p = _pipeline(build(b.graph([b.matmul(x, w)])), target={"vector_bytes": 32, "vector_registers": 16})
+    tiles = {s.size for s in walk_stmts(p.kernels[-1].body) if isinstance(s, Alloc) and s.name == "ctile"}
+    assert tiles == {6 * 8, 4 * 8}  # 6 rows x one 8-lane vector, 64 % 6 = 4 rows left over
+
+
 def test_row_blocks_when_the_row_operand_exceeds_the_cache():
     """X larger than half the (overridden, tiny) L3: a sequential loop over blocks of rows
     around the parallel panel loop, OpenMP inside it; the answer is unchanged."""

@@ -4,6 +4,11 @@ When X is contiguous along the reduction, vectorizing the columns would leave mo
 empty; the reduction is vectorized instead. Y is packed transposed, Yt[bl][J][R]; MD x ND
 vector accumulators run over R (rows of X and columns of Yt streamed once, VW lanes of the
 reduction at a time); the lanes are summed and the R % VW tail added at the store.
+
+A reduction too long for the tile's rows and Yt to stay in the L2 (K = 500000: each row tile
+re-read Yt from memory, each column tile the rows) runs in blocks of KC: per block the tiles
+sweep rows and columns that stay in cache, and their vector accumulators wait in a temp
+buffer between blocks.
 """
 from __future__ import annotations
 
@@ -14,9 +19,11 @@ from ..affine.ir import (Alloc, Assign, Buffer, Const, Expr, For, Kernel, Let, L
 from ..affine.linear import linear_form, to_expr
 from .contraction_nest import Nest, batch_index, decompose, epilogue_store, in_group, strides
 from .fusion_util import map_expr, subst_vars
+from .tile_util import when as _when
 
 
-def dot_form(k: Kernel, n: Nest, M: int, N: int, K: int, vw: int, regs: int, buffers: list) -> list[Kernel]:
+def dot_form(k: Kernel, n: Nest, M: int, N: int, K: int, vw: int, regs: int, buffers: list,
+             l1_bytes: int = 32 << 10, l2_bytes: int = 1 << 20) -> list[Kernel]:
     """Few columns: vectorize the reduction instead of the columns (see the module doc)."""
     vt = vector_type("float32", vw)
     i = n.iloop.var
@@ -37,19 +44,42 @@ def dot_form(k: Kernel, n: Nest, M: int, N: int, K: int, vw: int, regs: int, buf
     pack = Kernel(f"{k.name}_pack", (pnest,), f"pack {n.y.buf} transposed for {k.origin}"[:160])
     nd = min(N, 4)
     md = max(1, min(8, (regs - nd - 1) // nd, M))
+    # the reduction in blocks of kcv vectors when a tile's rows or Yt outgrow the L2: a block of
+    # the tile's rows stays in L1 for its column tiles, a block of Yt in L2 for the row tiles
+    kv = K // vw
+    kcv = max(1, min(l2_bytes // 4 // (N * 4), l1_bytes // 2 // (md * 4)) // vw)
+    kblocked = not n.batch and (md + N) * K * 4 > l2_bytes // 2 and kv > kcv
+    if kblocked:
+        acc = f"pk{sum(1 for x in buffers if x.name.startswith('pk'))}"
+        buffers.append(Buffer(acc, "float32", M * N * vw, "temp"))
+        nkb, rem = kv // kcv, kv % kcv
+        kb = Var("kb")
+        blocks = [(mul(kb, c(kcv)), kcv, nkb, Op("lt", (c(0), kb), "bool"),
+                   False if rem else Op("eq", (kb, c(nkb - 1)), "bool"))]
+        if rem:
+            blocks.append((c(nkb * kcv), rem, 0, True, True))
+    else:
+        blocks = [(c(0), kv, 0, False, True)]
     roots = []
     for i0, mdx, mi in ((0, md, M // md), ((M // md) * md, M % md, 1)):
         if mdx == 0:
             continue
         for j0, ndx, nj in ((0, nd, N // nd), ((N // nd) * nd, N % nd, 1)):
-            if ndx:
-                roots.append(_dot_nest(n, vt, vw, pk, bl, N, K, i0, mdx, mi, j0, ndx, nj))
+            if not ndx:
+                continue
+            for v0, nv, loop, reload, final in blocks:
+                kblock = (v0, nv, reload, final, acc, N) if kblocked else None
+                root = _dot_nest(n, vt, vw, pk, bl, N, K, i0, mdx, mi, j0, ndx, nj, kblock)
+                roots.append(For("kb", c(0), c(loop), (root,)) if loop else root)
     return [pack, replace(k, body=tuple(roots))]
 
 
 def _dot_nest(n: Nest, vt: str, vw: int, pk: str, bl: Expr, N: int, K: int,
-              i0: int, md: int, mi: int, j0: int, nd: int, nj: int) -> Stmt:
-    """for p..., io < mi, jo < nj: rows i0 + io*md + [0, md) times columns j0 + jo*nd + [0, nd)."""
+              i0: int, md: int, mi: int, j0: int, nd: int, nj: int, kblock=None) -> Stmt:
+    """for p..., io < mi, jo < nj: rows i0 + io*md + [0, md) times columns j0 + jo*nd + [0, nd).
+    ``kblock`` = (v0, kv, reload, final, acc, N): reduction vectors v0 + [0, kv) only, the
+    accumulators loaded from ``acc`` when ``reload`` holds and stored there unless ``final``
+    holds (then the lanes are summed and the epilogue runs)."""
     i = n.iloop.var
     rn = [f.var for f in n.rloops]
     io, jo, ii, jj, R, rr = "io", "jo", "ii", "jj", "rv", "rr"
@@ -57,11 +87,13 @@ def _dot_nest(n: Nest, vt: str, vw: int, pk: str, bl: Expr, N: int, K: int,
     col0 = add(c(j0), mul(Var(jo), c(nd)))
     accs = [[f"acc{x}_{y}" for y in range(nd)] for x in range(md)]
     kv = K // vw
+    v0, nvec = (c(0), kv) if kblock is None else kblock[:2]
+    Rg = add(v0, Var(R)) if kblock is not None else Var(R)  # the vector index in the whole of K
     inner: list[Stmt] = []
     for y in range(nd):
-        yi = add(mul(add(mul(bl, c(N)), add(col0, c(y))), c(K)), mul(Var(R), c(vw)))
+        yi = add(mul(add(mul(bl, c(N)), add(col0, c(y))), c(K)), mul(Rg, c(vw)))
         inner.append(Let(f"yv{y}", vt, Load(pk, yi, vt)))
-    xr = in_group(n.x, rn, n.rloops, mul(Var(R), c(vw)))
+    xr = in_group(n.x, rn, n.rloops, mul(Rg, c(vw)))
     for x in range(md):
         xl = subst_vars(xr, {i: add(row0, c(x))})
         inner.append(Let(f"xv{x}", vt, replace(xl, dtype=vt)))
@@ -71,8 +103,15 @@ def _dot_nest(n: Nest, vt: str, vw: int, pk: str, bl: Expr, N: int, K: int,
     tile = "ctile"
     body: list[Stmt] = [Alloc(tile, "float32", md * nd * vw)]
     body += [Let(accs[x][y], vt, Op("broadcast", (Const(0.0, "float32"),), vt)) for x in range(md) for y in range(nd)]
-    body.append(For(R, c(0), c(kv), tuple(inner)))
-    body += [Store(tile, c((x * nd + y) * vw), Var(accs[x][y], vt)) for x in range(md) for y in range(nd)]
+    if kblock is not None:
+        reload, final, acc = kblock[2:5]
+
+        def at(x: int, y: int) -> Expr:
+            return mul(add(mul(add(row0, c(x)), c(N)), add(col0, c(y))), c(vw))
+
+        body += _when(reload, [Assign(accs[x][y], Load(acc, at(x, y), vt)) for x in range(md) for y in range(nd)])
+    body.append(For(R, c(0), c(nvec), tuple(inner)))
+    done: list[Stmt] = [Store(tile, c((x * nd + y) * vw), Var(accs[x][y], vt)) for x in range(md) for y in range(nd)]
     ivar, jvar = add(row0, Var(ii)), add(col0, Var(jj))
     s = Var("dsum", "float32")
     lane = Var("ln")
@@ -90,7 +129,11 @@ def _dot_nest(n: Nest, vt: str, vw: int, pk: str, bl: Expr, N: int, K: int,
     value = map_expr(n.store.value, lambda e: s if isinstance(e, Var) and e.name == n.acc else e)
     epi = epilogue_store(n, value, ivar, jvar)
     finish.append(epi)
-    body.append(For(ii, c(0), c(md), (For(jj, c(0), c(nd), tuple(finish)),)))
+    done.append(For(ii, c(0), c(md), (For(jj, c(0), c(nd), tuple(finish)),)))
+    if kblock is not None:
+        keep = [Store(acc, at(x, y), Var(accs[x][y], vt)) for x in range(md) for y in range(nd)]
+        done = _when(final, done, keep)
+    body += done
     main: Stmt = For(io, c(0), c(mi), (For(jo, c(0), c(nj), tuple(body)),), parallel=True)
     for f in reversed(n.batch):
         main = replace(f, body=(main,))

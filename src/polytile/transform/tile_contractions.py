@@ -31,8 +31,10 @@ from .contraction_nest import (Nest, batch_index, contiguous, decompose, epilogu
                                strides)
 from .dot_form import dot_form
 from .fusion_util import map_expr, subst_vars
+from .tile_util import when as _when
 
 MIN_WORK = 32 * 32 * 32  # multiply-adds below which tiling is not worth a packing pass
+MIN_ROWS = 4  # rows a blocked long reduction needs to be tiled (a shorter one: the row-tile minimum)
 FUSED_PACK_MIN_PANELS = 8  # panels packed inside the panel loop only when there are this many to share
 FUSED_PACK_MIN_K = 64  # ... and the reduction is at least this long
 
@@ -55,6 +57,19 @@ def wide_tile(t: Target, mr: int, nv: int, vw: int, N: int) -> tuple[int, int]:
     return mr, nv
 
 
+def k_block(n: Nest, K: int, nr: int, t: Target) -> int:
+    """KC, the reduction block, when a packed panel of the whole reduction (K x nr) would not fit
+    in half the L2 (K = 500000: the panels and the row operand streamed from memory once per
+    panel); 0 for no blocking. Matmul-like nests only (one column and one reduction loop, no
+    batch loop, no condition). Blocks of about a quarter of the L2, balanced over K."""
+    if n.batch or n.cond is not None or len(n.jloops) != 1 or len(n.rloops) != 1 or K * nr * 4 <= t.l2_bytes // 2:
+        return 0
+    vw = t.lanes(4)
+    most = max(vw, t.l2_bytes // 4 // (nr * 4) // vw * vw)
+    blocks = -(-K // most)
+    return -(-(-(-K // blocks)) // vw) * vw
+
+
 def tile_contractions(p: Program, target: Target) -> Program:
     mr0, nv0, vw = tile_sizes(target)
     nr0 = nv0 * vw
@@ -73,15 +88,29 @@ def tile_contractions(p: Program, target: Target) -> Program:
                 N *= trip_count(f)
             for f in n.rloops:
                 K *= trip_count(f)
-        if n is not None and N < nr0 and n.cond is None and K >= 2 * vw and M * N * K >= MIN_WORK // 8 \
+        # one-vector panels (N = vw): the tiled form with MR x 1 tiles streams X once where the
+        # dot form reads it once per column tile (8448x16x2816: 7.8 vs 12.7 ms on one thread);
+        # not with a partial panel (128x20x768: 4 of the 16 lanes of its second panel used)
+        narrow = n is not None and vw <= N < nr0 and N % vw == 0
+        if n is not None and N < nr0 and not narrow and n.cond is None and K >= 2 * vw \
+                and M * N * K >= MIN_WORK // 8 \
                 and contiguous(linear_form(n.x.index)[0], [f.var for f in n.rloops], n.rloops):
-            kernels.extend(dot_form(k, n, M, N, K, vw, target.vector_registers, buffers))
+            kernels.extend(dot_form(k, n, M, N, K, vw, target.vector_registers, buffers, target.l1d_bytes,
+                                     target.l2_bytes))
             continue
-        if n is None or M < mr0 or N < nr0 or M * N * K * batch_index(n.batch)[0] < MIN_WORK:
+        # a reduction too long for a packed panel in L2 runs in blocks of KC (see ``k_block``)
+        kc = k_block(n, K, nr0, target) if n is not None else 0
+        if n is None or M < (MIN_ROWS if kc else mr0) or N < (vw if narrow else nr0) \
+                or M * N * K * batch_index(n.batch)[0] < MIN_WORK:
             kernels.append(k)
             continue
         mr, nv = wide_tile(target, mr0, nv0, vw, N) if len(n.jloops) == 1 else (mr0, nv0)
+        if N < nv * vw:
+            nv = N // vw
+            mr = min(max(mr, mr0), (target.vector_registers - nv - 1) // nv)
+        mr = min(mr, M)
         nr = nv * vw
+        kc = k_block(n, K, nr, target)
         MI, NJ = M // mr, N // nr
         tail = N % nr  # the last panel is partial: packed with zeros past N, stored up to N
         NJt = NJ + (1 if tail else 0)
@@ -99,7 +128,7 @@ def tile_contractions(p: Program, target: Target) -> Program:
         # and the reduction is long enough (with a short one, e.g. a 1x1 convolution over 32
         # channels, a separate pack pass streams better: measured 4.9 vs 9.4 ms)
         fused = (K * nr * 4 <= target.l2_bytes // 2 and NJt >= FUSED_PACK_MIN_PANELS
-                 and len(bdeps) == len(n.batch) and K >= FUSED_PACK_MIN_K)
+                 and len(bdeps) == len(n.batch) and K >= FUSED_PACK_MIN_K) or bool(kc)
         pk = f"pk{sum(1 for x in buffers if x.name.startswith('pk'))}"  # packed panels (a temp in the arena)
         if not fused:
             buffers.append(Buffer(pk, "float32", nbatch * NJt * K * nr, "temp"))
@@ -118,18 +147,25 @@ def tile_contractions(p: Program, target: Target) -> Program:
             pval = subst_vars(n.y, {**look, i: c(0)})
             if n.cond is not None:
                 pval = Op("where", (subst_vars(n.cond, {**look, i: c(0)}), pval, Const(0.0, "float32")), "float32")
-        def pack(buf: str, idx: Expr, guard: bool) -> tuple[Stmt, ...]:
-            """Panel jo of Y into ``buf`` at ``idx``; with ``guard``, zeros past column N."""
-            st: Stmt = Store(buf, idx, pval)
+        def pack(buf: str, idx: Expr, guard: bool, chunk: tuple[Expr, int] | None = None) -> tuple[Stmt, ...]:
+            """Panel jo of Y into ``buf`` at ``idx``; with ``guard``, zeros past column N; with
+            ``chunk`` = (r0, kc) (one reduction loop only), its rows r0 + [0, kc) at 0 + [0, kc)."""
+            pval_, rloops, Kp = pval, n.rloops, K
+            if chunk is not None:
+                pval_ = subst_vars(pval, {rn[0]: add(chunk[0], Var("rl"))})
+                idx = subst_vars(idx, {rn[0]: Var("rl")})
+                rloops, Kp = [For("rl", c(0), c(chunk[1]), ())], chunk[1]
+            rname = rloops[0].var
+            st: Stmt = Store(buf, idx, pval_)
             if guard:  # columns past N: zeros, their sources never read
                 jflat = add(mul(Var(jo), c(nr)), Var(jj))
                 st = If(Op("lt", (jflat, c(N)), "bool"), (st,), (Store(buf, idx, Const(0.0, "float32")),))
             pbody: Stmt = For(jj, c(0), c(nr), (st,))
             step = fy.get(jn[-1], 0)
             if (not guard and n.cond is None and len(jn) == 1 and len(rn) == 1 and step != 1
-                    and fy.get(rn[0], 0) == 1 and K >= vw):
-                return _transposed_pack(buf, idx, pval, rn[0], K, nr, vw, vt, jj)
-            if not guard and (step == 1 or (step == 2 and n.y.buf in sizes)):
+                    and fy.get(rn[0], 0) == 1 and Kp >= vw):
+                return _transposed_pack(buf, idx, pval_, rname, Kp, nr, vw, vt, jj)
+            if not guard and (step == 1 or (step == 2 and n.y.buf in sizes and chunk is None)):
                 # Y walks the panel's columns contiguously when they share their outer coordinates
                 # (pixels of one image row); the condition (padding) is a conjunction of affine
                 # inequalities, so it holds on the whole panel when it holds at both ends: then
@@ -137,6 +173,8 @@ def tile_contractions(p: Program, target: Target) -> Program:
                 # element loop above
                 at = look if len(jn) > 1 else jdec
                 y0 = subst_vars(subst_vars(n.y, {**at, i: c(0)}), {jj: c(0)})
+                if chunk is not None:
+                    y0 = subst_vars(y0, {rn[0]: add(chunk[0], Var("rl"))})
 
                 def part(off: int) -> Load:
                     return replace(y0, index=add(y0.index, c(off)), dtype=vt)
@@ -172,7 +210,7 @@ def tile_contractions(p: Program, target: Target) -> Program:
                 stmts: tuple[Stmt, ...] = copy
             else:
                 stmts = (pbody,)
-            for f in reversed(n.rloops):
+            for f in reversed(rloops):
                 stmts = (replace(f, body=stmts),)
             return tuple(pre) + stmts
 
@@ -212,7 +250,7 @@ def tile_contractions(p: Program, target: Target) -> Program:
         # once per block of MC rows, so each panel meets a block that stays in cache instead of
         # streaming all of X from memory per panel (the panels are packed once per block)
         mc = (target.l3_bytes // 4 // (K * 4)) // mr * mr
-        nb = M // mc if (not n.batch and M * K * 4 > target.l3_bytes // 2 and mc >= 4 * mr) else 0
+        nb = M // mc if (not n.batch and not kc and M * K * 4 > target.l3_bytes // 2 and mc >= 4 * mr) else 0
         groups = _row_groups(M, mr, mc, nb)  # (row tiles, row-block loop)
         # the partial last panel computes only the vectors it has columns for (a 48-column tile
         # on a 16-column tail did 3x the work); with vectors to spare its row tiles grow taller
@@ -221,7 +259,30 @@ def tile_contractions(p: Program, target: Target) -> Program:
         mrt = mr if (nb or xpack is not None) else min(max(mr, mr0), (target.vector_registers - nvt - 1) // nvt)
         tgroups = _row_groups(M, mrt, mc, nb) if mrt != mr else groups
         roots = []
-        if fused and tail:
+        if kc:
+            # the reduction in blocks of kc (the BLIS pc loop): per block, each panel's kc rows
+            # are packed where they stay in L2 and every row tile runs over them; the tiles
+            # accumulate in ``cacc`` between blocks, the last block applies the epilogue
+            cacc = f"pk{sum(1 for x in buffers if x.name.startswith('pk'))}"
+            buffers.append(Buffer(cacc, "float32", M * NJt * nr, "temp"))
+            nkb, rem = K // kc, K % kc
+            kb = Var("kb")
+            blocks = [(mul(kb, c(kc)), kc, nkb, Op("lt", (c(0), kb), "bool"),
+                       False if rem else Op("eq", (kb, c(nkb - 1)), "bool"))]
+            if rem:
+                blocks.append((c(nkb * kc), rem, 0, True, True))
+            for r0, kcb, loop, reload, final in blocks:
+                kblock = (r0, kcb, reload, final, cacc, NJt * nr)
+                local = pack("ypanel", add(mul(rflat, c(nr)), Var(jj)), False, (r0, kcb))
+                body = _panel_body(n, groups[0][0], nv, vw, vt, pk, bl, NJt, K, R, xpack, nr, local, nr, kblock)
+                if tail:
+                    local = pack("ypanel", add(mul(rflat, c(nr)), Var(jj)), True, (r0, kcb))
+                    bt = _panel_body(n, tgroups[0][0], nvt, vw, vt, pk, bl, NJt, K, R, xpack, tail, local, nr,
+                                     kblock)
+                    body = [If(Op("lt", (Var("jo"), c(NJ)), "bool"), tuple(body), tuple(bt))]
+                root: Stmt = For("jo", c(0), c(NJt), tuple(body), parallel=True)
+                roots.append(For("kb", c(0), c(loop), (root,)) if loop else root)
+        elif fused and tail:
             # one parallel loop over all NJt panels, the partial last one behind a test: run as a
             # nest of its own it took one thread while the other waited (1024^3: 22 panels of 48)
             lf = pack("ypanel", add(mul(rflat, c(nr)), Var(jj)), False)
@@ -231,7 +292,7 @@ def tile_contractions(p: Program, target: Target) -> Program:
                 bt = _panel_body(n, trows, nvt, vw, vt, pk, bl, NJt, K, R, xpack, tail, lt, nr)
                 both = If(Op("lt", (Var("jo"), c(NJ)), "bool"), tuple(bf), tuple(bt))
                 roots.append(_wrap(n, For("jo", c(0), c(NJt), (both,), parallel=True), block))
-        for jlo, jhi, width in ((0, NJ, nr), (NJ, NJt, tail)) if not (fused and tail) else ():
+        for jlo, jhi, width in ((0, NJ, nr), (NJ, NJt, tail)) if not (fused and tail or kc) else ():
             if jhi == jlo:
                 continue
             vecs, gs = (nv, groups) if width == nr else (nvt, tgroups)
@@ -279,17 +340,18 @@ def _tile_nest(n: Nest, rows: list[tuple[int, Expr, int]], nv: int, vw: int, vt:
 
 
 def _panel_body(n: Nest, rows, nv: int, vw: int, vt: str, pk: str, bl: Expr, NJ: int, K: int, R: Var, xpack,
-                width: int, local, nr: int) -> list[Stmt]:
+                width: int, local, nr: int, kblock=None) -> list[Stmt]:
     """The statements for one panel jo (see ``_tile_nest``): nv vectors of each packed row of nr."""
     if local is None:
         panel = mul(add(mul(add(mul(bl, c(NJ)), Var("jo")), c(K)), R), c(nr))  # Yp[bl][jo][R][0]
         ybuf = pk
     else:
         panel, ybuf = mul(R, c(nr)), "ypanel"
-    loops: list[Stmt] = [_row_tiles(n, mr, i0, MI, nv, vw, vt, ybuf, panel, K, R, xpack, width, nr)
+    loops: list[Stmt] = [_row_tiles(n, mr, i0, MI, nv, vw, vt, ybuf, panel, K, R, xpack, width, nr, kblock)
                          for mr, i0, MI in rows]
     if local is not None:
-        loops = [Alloc("ypanel", "float32", K * nr), *local, *[replace(f, parallel=False) for f in loops]]
+        size = K if kblock is None else kblock[1]
+        loops = [Alloc("ypanel", "float32", size * nr), *local, *[replace(f, parallel=False) for f in loops]]
     return loops
 
 
@@ -303,24 +365,28 @@ def _wrap(n: Nest, main: Stmt, block) -> Stmt:
 
 
 def _row_tiles(n: Nest, mr: int, i0: Expr, MI: int, nv: int, vw: int, vt: str, ybuf: str, panel: Expr, K: int,
-               R: Var, xpack, width: int, step: int) -> For:
+               R: Var, xpack, width: int, step: int, kblock=None) -> For:
     """io < MI: the mr x (nv*vw) register tile of rows i0 + io*mr + [0, mr) times panel jo (at
     ``panel`` in ``ybuf``, columns jo*step + [0, nv*vw)), then its epilogue on the first
-    ``width`` columns."""
+    ``width`` columns. ``kblock`` = (r0, kc, reload, final, cacc, ldc): the reduction rows
+    r0 + [0, kc) only (the panel holds those), the tile loaded from ``cacc`` (row stride ldc)
+    when ``reload`` holds and stored there unless ``final`` holds (then the epilogue runs)."""
     nr = nv * vw
     i = n.iloop.var
     rn = [f.var for f in n.rloops]
     jo, io, jj, ii = "jo", "io", "jj", "ii"
+    r0, kc = (c(0), K) if kblock is None else kblock[:2]
+    Rg = add(r0, R) if kblock is not None else R  # the reduction index in the whole of K
     accs = [[f"acc{x}_{y}" for y in range(nv)] for x in range(mr)]  # (C names b<n> are buffers)
     inner: list[Stmt] = [Let(f"yv{y}", vt, Load(ybuf, add(panel, c(y * vw)), vt)) for y in range(nv)]
-    xr = in_group(n.x, rn, n.rloops, R)
+    xr = in_group(n.x, rn, n.rloops, Rg)
     row0 = add(i0, mul(Var(io), c(mr)))
     for x in range(mr):
         if xpack is not None:
             xb, xbl, mt, mrf = xpack
             tidx = add(Op("floordiv", (i0, c(mrf)), "int64") if not isinstance(i0, Const) else c(i0.value // mrf),
                        Var(io))
-            xval: Expr = Load(xb, add(mul(add(mul(add(mul(xbl, c(mt)), tidx), c(K)), R), c(mrf)), c(x)), "float32")
+            xval: Expr = Load(xb, add(mul(add(mul(add(mul(xbl, c(mt)), tidx), c(K)), Rg), c(mrf)), c(x)), "float32")
         else:
             xval = subst_vars(xr, {i: add(row0, c(x))})
         inner.append(Let(f"xs{x}", "float32", xval))
@@ -330,14 +396,25 @@ def _row_tiles(n: Nest, mr: int, i0: Expr, MI: int, nv: int, vw: int, vt: str, y
     tile = "ctile"
     body: list[Stmt] = [Alloc(tile, "float32", mr * nr)]
     body += [Let(accs[x][y], vt, Op("broadcast", (Const(0.0, "float32"),), vt)) for x in range(mr) for y in range(nv)]
-    body.append(For(R.name, c(0), c(K), tuple(inner)))
-    body += [Store(tile, c(x * nr + y * vw), Var(accs[x][y], vt)) for x in range(mr) for y in range(nv)]
+    if kblock is not None:
+        reload, final, cacc, ldc = kblock[2:]
+
+        def at(x: int, y: int) -> Expr:
+            return add(add(mul(add(row0, c(x)), c(ldc)), mul(Var(jo), c(step))), c(y * vw))
+
+        body += _when(reload, [Assign(accs[x][y], Load(cacc, at(x, y), vt)) for x in range(mr) for y in range(nv)])
+    body.append(For(R.name, c(0), c(kc), tuple(inner)))
+    done: list[Stmt] = [Store(tile, c(x * nr + y * vw), Var(accs[x][y], vt)) for x in range(mr) for y in range(nv)]
     ivar = add(row0, Var(ii))
     jvar = add(mul(Var(jo), c(step)), Var(jj))
     tval = Load(tile, add(mul(Var(ii), c(nr)), Var(jj)), "float32")
     value = map_expr(n.store.value, lambda e: tval if isinstance(e, Var) and e.name == n.acc else e)
     epi = epilogue_store(n, value, ivar, jvar)
-    body.append(For(ii, c(0), c(mr), (For(jj, c(0), c(width), (epi,)),)))
+    done.append(For(ii, c(0), c(mr), (For(jj, c(0), c(width), (epi,)),)))
+    if kblock is not None:
+        keep = [Store(cacc, at(x, y), Var(accs[x][y], vt)) for x in range(mr) for y in range(nv)]
+        done = _when(final, done, keep)
+    body += done
     return For(io, c(0), c(MI), tuple(body), parallel=True)
 
 
