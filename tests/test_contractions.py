@@ -28,7 +28,7 @@ def _compile(fn, args, **opts):
     return out, polytile.stats()
 
 
-SHAPES = [(1, 1, 1), (7, 13, 5), (6, 16, 8), (12, 32, 64), (13, 17, 19), (97, 101, 103), (1000, 33, 7),
+SHAPES = [(1, 1, 1), (200, 96, 130), (7, 13, 5), (6, 16, 8), (12, 32, 64), (13, 17, 19), (97, 101, 103), (1000, 33, 7),
           (64, 1031, 16), (31, 48, 1),
           # partial last panels of one and two vectors, packed per panel (>= 8 panels, K >= 64)
           # and in a separate pack pass
@@ -160,10 +160,13 @@ def test_tiled_ir_structure():
     assert vec_loads and all(e.dtype == "float32x8" for e in vec_loads)
     assert any(isinstance(s, Alloc) and s.size == 6 * 16 for s in walk_stmts(main.body))  # 6 x 16 register tile
     roots = [s for s in main.body if isinstance(s, For)]
-    # full tiles, rows left over (64 % 6); the same two on the partial last panel (40 % 16 columns)
-    assert len(roots) == 4
+    # the three packed panels fit in the L2 together: row tiles outside (full tiles, then the rows
+    # left over, 64 % 6), each meeting the two full panels and the partial last one (40 % 16)
+    assert len(roots) == 2 and all(r.var == "io" for r in roots)
+    for r in roots:
+        assert [(f.var, f.lo.value, f.hi.value) for f in r.body] == [("jo", 0, 2), ("jo", 2, 3)]
     stored = [[s.hi.value for s in walk_stmts([r]) if isinstance(s, For) and s.var == "jj"] for r in roots]
-    assert [w[-1] for w in stored] == [16, 16, 8, 8]  # the partial panel's tiles store its 8 columns only
+    assert stored == [[16, 8], [16, 8]]  # the partial panel's tiles store its 8 columns only
     assert roots[0].omp >= 1  # the tile loops run under OpenMP
 
 
@@ -174,10 +177,11 @@ def test_partial_last_panel_computes_only_its_vectors():
     p = _pipeline(build(b.graph([b.matmul(x, w)])), target={"vector_bytes": 32, "vector_registers": 16})
     sizes = [s.size for s in walk_stmts(p.kernels[1].body) if isinstance(s, Alloc) and s.name == "ctile"]
     assert sorted(set(sizes)) == [4 * 8, 6 * 8, 4 * 16, 6 * 16]  # rows 64 % 6 = 4 left over
-    # 32 registers: 9 x 3-vector tiles; the 16-column tail panel gets 14 x 2-vector tiles
-    x, w = b.input(0, [64, 48], F32), b.input(1, [48, 40], F32)
+    # 32 registers: 9 x 3-vector tiles; the 16-column tail panel gets 14 x 2-vector tiles (panels
+    # packed one at a time in the panel loop: 8 full ones and a reduction of 64)
+    x, w = b.input(0, [64, 64], F32), b.input(1, [64, 8 * 24 + 16], F32)
     p = _pipeline(build(b.graph([b.matmul(x, w)])), target={"vector_bytes": 32, "vector_registers": 32})
-    sizes = {s.size for s in walk_stmts(p.kernels[1].body) if isinstance(s, Alloc) and s.name == "ctile"}
+    sizes = {s.size for s in walk_stmts(p.kernels[-1].body) if isinstance(s, Alloc) and s.name == "ctile"}
     assert 9 * 24 in sizes and 14 * 16 in sizes and 9 * 16 not in sizes
 
 
@@ -189,6 +193,20 @@ def test_transposed_row_operand_is_packed():
     # rows and columns swapped (A^T's columns are contiguous rows of A): the vector panels come
     # from A, and the smaller operand B (40 columns < 64 rows) is the one packed along rows
     assert p.kernels[0].origin.startswith("pack in0") and p.kernels[1].origin.startswith("pack in1")
+
+
+def test_linear_packs_the_activations_not_the_weight():
+    """x @ w.T with few rows: both operands run along the reduction, so the packed one goes
+    through a transpose; orient makes it x (64 rows), not the weight (200), and the tiles then
+    write the output along their rows. Compared with eager in test_linear_* below."""
+    b = GraphBuilder()
+    x, w = b.input(0, [64, 100], F32), b.input(1, [200, 100], F32)
+    p = _pipeline(build(b.graph([b.matmul(x, b.transpose(w, 0, 1))])),
+                  target={"vector_bytes": 32, "vector_registers": 16})
+    assert p.kernels[0].name.endswith("_pack") and p.kernels[0].origin.startswith("pack in0")
+    a, wt = torch.randn(64, 100), torch.randn(200, 100)
+    out, _ = _compile(lambda a, w: F.linear(a, w), (a, wt), target={"vector_bytes": 32, "vector_registers": 16})
+    assert_accurate(out, F.linear(a, wt), lambda: fp64_reference(lambda a, w: F.linear(a, w), (a, wt)), 1e-4)
 
 
 def test_tile_sizes_follow_the_target():

@@ -292,7 +292,21 @@ def tile_contractions(p: Program, target: Target) -> Program:
                 bt = _panel_body(n, trows, nvt, vw, vt, pk, bl, NJt, K, R, xpack, tail, lt, nr)
                 both = If(Op("lt", (Var("jo"), c(NJ)), "bool"), tuple(bf), tuple(bt))
                 roots.append(_wrap(n, For("jo", c(0), c(NJt), (both,), parallel=True), block))
-        for jlo, jhi, width in ((0, NJ, nr), (NJ, NJt, tail)) if not (fused and tail or kc) else ():
+        # all the packed panels fit in the L2 together: the row tiles outside, each meeting every
+        # panel in turn while its rows of X stay in L1 (X read once instead of once per panel)
+        rows_outer = not fused and not kc and NJt * K * nr * 4 <= target.l2_bytes // 2
+        if rows_outer:
+            for rows, block in groups:
+                for mrx, i0, MIx in rows:
+                    parts = []
+                    for jlo, jhi, width, vecs in ((0, NJ, nr, nv), (NJ, NJt, tail, nvt)):
+                        if jhi > jlo:
+                            f = _row_tiles(n, mrx, i0, MIx, vecs, vw, vt, pk,
+                                           mul(add(mul(add(mul(bl, c(NJt)), Var("jo")), c(K)), R), c(nr)),
+                                           K, R, xpack, width, nr)
+                            parts.append(For("jo", c(jlo), c(jhi), f.body))
+                    roots.append(_wrap(n, For("io", c(0), c(MIx), tuple(parts), parallel=True), block))
+        for jlo, jhi, width in ((0, NJ, nr), (NJ, NJt, tail)) if not (fused and tail or kc or rows_outer) else ():
             if jhi == jlo:
                 continue
             vecs, gs = (nv, groups) if width == nr else (nvt, tgroups)
@@ -410,12 +424,24 @@ def _row_tiles(n: Nest, mr: int, i0: Expr, MI: int, nv: int, vw: int, vt: str, y
     tval = Load(tile, add(mul(Var(ii), c(nr)), Var(jj)), "float32")
     value = map_expr(n.store.value, lambda e: tval if isinstance(e, Var) and e.name == n.acc else e)
     epi = epilogue_store(n, value, ivar, jvar)
-    done.append(For(ii, c(0), c(mr), (For(jj, c(0), c(width), (epi,)),)))
+    if _output_along_rows(n):
+        # the output runs along the tile's rows (a swapped orientation, see ``orient``): the
+        # epilogue walks them innermost, a row segment of mr at a time
+        done.append(For(jj, c(0), c(width), (For(ii, c(0), c(mr), (epi,)),)))
+    else:
+        done.append(For(ii, c(0), c(mr), (For(jj, c(0), c(width), (epi,)),)))
     if kblock is not None:
         keep = [Store(cacc, at(x, y), Var(accs[x][y], vt)) for x in range(mr) for y in range(nv)]
         done = _when(final, done, keep)
     body += done
     return For(io, c(0), c(MI), tuple(body), parallel=True)
+
+
+def _output_along_rows(n: Nest) -> bool:
+    """Whether the nest's output is contiguous along its rows and not its columns (the
+    orientation was swapped, see ``orient``): C^T tiles."""
+    fs = linear_form(epilogue_store(n, Const(0.0, "float32"), Var("ii"), Var("jj")).index)
+    return fs is not None and fs[0].get("ii", 0) == 1 and fs[0].get("jj", 0) != 1
 
 
 def _transposed_pack(buf: str, idx: Expr, pval: Load, r: str, K: int, nr: int, vw: int, vt: str,
