@@ -49,7 +49,18 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--long", action="store_true", help="add a 4096-token causal config (memory row)")
     t.add_argument("--configs", default=None, help="default: ../shared/bench/attention_configs.csv")
     t.add_argument("--out", default=None, help="also write report.md, results.json and speedup.png here")
+    j = b.add_parser("jax", help="MLP, CNN and transformer block in JAX: polytile.jax.jit vs jax.jit (XLA)")
+    j.add_argument("--threads", type=int, default=2)
+    j.add_argument("--rounds", type=int, default=20)
+    j.add_argument("--only", action="append", choices=["mlp", "cnn", "transformer"], default=[])
+    j.add_argument("--out", default=None, help="also write report.md and results.json here")
     a = ap.parse_args(argv)
+    if a.cmd == "bench" and a.what == "jax":
+        from .bench import jaxmodels
+
+        return jaxmodels.main(["--threads", str(a.threads), "--rounds", str(a.rounds)]
+                              + [f"--only={m}" for m in a.only] + (["--out", a.out] if a.out else []),
+                              command="polytile " + " ".join(argv if argv is not None else sys.argv[1:]))
     if a.cmd == "bench" and a.what == "attention":
         return _bench_attention(a, argv)
     if a.cmd == "bench" and a.what == "contractions":
