@@ -281,9 +281,12 @@ def test_long_reductions_run_in_blocks(m, n, k, at):
     bld = GraphBuilder()
     x = bld.transpose(bld.input(0, [k, m], F32), 0, 1) if at else bld.input(0, [m, k], F32)
     p = _pipeline(build(bld.graph([bld.matmul(x, bld.input(1, [k, n], F32))])),
-                  target={"l2_bytes": 16384, "l1d_bytes": 4096})
+                  target={"l2_bytes": 16384, "l1d_bytes": 4096}, parallel_min_work=0)
     loops = [s for s in walk_stmts(p.kernels[-1].body) if isinstance(s, For)]
     assert any(f.var == "kb" for f in loops)
+    # the work inside the sequential block loop runs under OpenMP (with few panels: the row tiles)
+    blocks = [f for f in loops if f.var == "kb"]
+    assert all(any(g.omp for g in walk_stmts(f.body) if isinstance(g, For)) for f in blocks)
 
 
 def test_one_vector_panels_use_the_tiled_form():

@@ -162,6 +162,9 @@ case("conv_nchw", lambda x, w, wg: {
     "dilated": lax.conv_general_dilated(x, w, (1, 1), ((2, 2), (1, 1)), rhs_dilation=(2, 1)),
     "groups": lax.conv_general_dilated(x, wg, (1, 1), "SAME", feature_group_count=2),
     "depthwise": lax.conv_general_dilated(x, wg[:4, :1], (1, 1), "SAME", feature_group_count=4),
+    # asymmetric padding (conv2d's padding_hi), also through the depthwise plane form
+    "depthwise_asym": lax.conv_general_dilated(x, wg[:4, :1], (2, 2), ((0, 2), (1, 0)), feature_group_count=4),
+    "asym": lax.conv_general_dilated(x[:, :, 1:], w, (2, 1), ((1, 2), (0, 3))),
 }, args(randn(2, 4, 9, 9), randn(6, 4, 3, 3), randn(6, 2, 3, 3)))
 case("conv_nhwc", lambda x, w: {
     "same_s1": lax.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC")),

@@ -10,6 +10,7 @@ from typing import Callable, Sequence
 from ..dtypes import Unsupported
 from ..graph.builder import contiguous_strides
 from ..graph.ir import Graph, Node
+from ..graph.ops import conv_padding
 from .ir import (INDEX, Alloc, Assign, Buffer, Const, Expr, Fail, For, If, Kernel, Let, Load, Op, Program,
                  Stmt, Store, Var, add, c, linear, mul)
 
@@ -206,13 +207,14 @@ class _Builder:
         K, Cg, R, S = w.shape
         G = n.attr("groups")
         Kg = K // G
-        (sh, sw), (ph, pw), (dh, dw) = n.attr("stride"), n.attr("padding"), n.attr("dilation")
+        (sh, sw), (dh, dw) = n.attr("stride"), n.attr("dilation")
+        ph, qh, pw, qw = conv_padding(dict(n.attrs))
         dt = n.dtype
         _, _, OH, OW = n.shape
-        Hp, Wp = H + 2 * ph, W + 2 * pw
+        Hp, Wp = H + ph + qh, W + pw + qw
         if Cg == 1 and Kg == 1 and sh == sw and OW < DEPTHWISE_PLANE_MAX_WIDTH and dt == "float32" \
                 and Hp * Wp * 4 <= DEPTHWISE_PLANE_BYTES:
-            self.emit(n, self._depthwise_planes(n, x, w, (sh, ph, pw, dh, dw)))
+            self.emit(n, self._depthwise_planes(n, x, w, (sh, ph, pw, dh, dw), (Hp, Wp)))
             return
 
         def body(idx):
@@ -225,8 +227,8 @@ class _Builder:
                 iw = add(add(mul(ow, c(sw)), mul(ss, c(dw))), c(-pw))
                 prod = _o("mul", self.read(x, [b, add(mul(g, c(Cg)), ci), ih, iw]), self.read(w, [k, ci, rr, ss]))
                 upd = Assign("acc", _o("add", Var("acc", dt), prod))
-                conds = ([_in_range(ih, H)] if ph or (OH - 1) * sh + (R - 1) * dh >= H else []) + \
-                        ([_in_range(iw, W)] if pw or (OW - 1) * sw + (S - 1) * dw >= W else [])
+                conds = ([_in_range(ih, H)] if ph or (OH - 1) * sh + (R - 1) * dh - ph >= H else []) + \
+                        ([_in_range(iw, W)] if pw or (OW - 1) * sw + (S - 1) * dw - pw >= W else [])
                 return [If(_and(*conds), (upd,))] if conds else [upd]
 
             return [Let("acc", dt, Const(0, dt)), *self.loops([Cg, R, S], "r", inner, False),
@@ -234,7 +236,7 @@ class _Builder:
 
         self.emit(n, self.loops([N, G, Kg, OH, OW], "i", body, True))
 
-    def _depthwise_planes(self, n: Node, x: Node, w: Node, geom) -> list[Stmt]:
+    def _depthwise_planes(self, n: Node, x: Node, w: Node, geom, padded) -> list[Stmt]:
         """A depthwise convolution on small maps, one (image, channel) plane at a time: the
         plane is copied into a local zero-halo buffer (the padding tests disappear), and each
         tap accumulates over the whole plane as one contiguous loop, output rows laid at the
@@ -244,7 +246,7 @@ class _Builder:
         _, _, R, S = w.shape
         _, _, OH, OW = n.shape
         s, ph, pw, dh, dw = geom
-        Hp, Wp = H + 2 * ph, W + 2 * pw
+        Hp, Wp = padded
         Q = (OH - 1) * Wp + OW
         dt = n.dtype
         b, g = Var("i0"), Var("i1")

@@ -66,13 +66,23 @@ def window_out(size: int, k: int, stride: int, pad: int, dil: int, ceil_mode: bo
     return out
 
 
+def conv_padding(a) -> tuple[int, int, int, int]:
+    """(top, bottom, left, right) of a conv2d: ``padding`` before, ``padding_hi`` (default: the
+    same) after; asymmetric padding is how JAX writes "SAME" for even strides."""
+    (ph, pw) = a["padding"]
+    (qh, qw) = a.get("padding_hi") or (ph, pw)
+    return ph, qh, pw, qw
+
+
 def _conv_shape(ins, a):
     n, c, h, w = ins[0].shape
     k, cg, r, s = ins[1].shape
     if cg * a["groups"] != c:
         raise Unsupported(f"conv2d channels {c} vs weight {ins[1].shape} groups {a['groups']}")
-    (sh, sw), (ph, pw), (dh, dw) = a["stride"], a["padding"], a["dilation"]
-    return (n, k, window_out(h, r, sh, ph, dh), window_out(w, s, sw, pw, dw))
+    (sh, sw), (dh, dw) = a["stride"], a["dilation"]
+    ph, qh, pw, qw = conv_padding(a)
+    # window_out pads both sides by its ``pad``: the two sides' sum is what sets the size
+    return (n, k, window_out(h + ph + qh - 2 * ph, r, sh, ph, dh), window_out(w + pw + qw - 2 * pw, s, sw, pw, dw))
 
 
 def _pool_shape(ins, a):

@@ -67,12 +67,12 @@ def assign_omp(p: Program, *, threads: int, min_work: int) -> Program:
         return p
 
     def choose(s: For) -> For:
-        if not s.parallel and len(s.body) == 1 and isinstance(s.body[0], For) and trip_count(s) is not None \
+        if not s.parallel and s.body and all(isinstance(b, For) for b in s.body) and trip_count(s) is not None \
                 and _work((s,)) >= min_work:
-            # a sequential loop around a parallel band (row blocks of a tiled contraction): the
-            # band inside runs under OpenMP once per iteration
-            inner = choose(s.body[0])
-            return replace(s, body=(inner,)) if inner is not s.body[0] else s
+            # a sequential loop around parallel bands (row or reduction blocks of a tiled
+            # contraction): each band inside runs under OpenMP once per iteration
+            inner = tuple(choose(b) for b in s.body)
+            return replace(s, body=inner) if any(x is not b for x, b in zip(inner, s.body)) else s
         band, f = [], s
         while isinstance(f, For) and f.parallel and trip_count(f) is not None:
             band.append(f)

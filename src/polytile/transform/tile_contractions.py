@@ -271,8 +271,19 @@ def tile_contractions(p: Program, target: Target) -> Program:
                        False if rem else Op("eq", (kb, c(nkb - 1)), "bool"))]
             if rem:
                 blocks.append((c(nkb * kc), rem, 0, True, True))
+            few = NJt < 4 * target.cores  # too few panels to share: parallel over row tiles instead
+            if few:
+                yblk = f"pk{sum(1 for x in buffers if x.name.startswith('pk'))}"
+                buffers.append(Buffer(yblk, "float32", NJt * kc * nr, "temp"))
             for r0, kcb, loop, reload, final in blocks:
                 kblock = (r0, kcb, reload, final, cacc, NJt * nr)
+                if few:
+                    # the block of every panel packed first (parallel over panels), then the row
+                    # tiles in parallel, each meeting every panel
+                    root = _few_panels_block(n, pack, yblk, groups[0][0], (nv, nvt), (NJ, NJt, tail), nr, kcb,
+                                             rflat, vw, vt, K, R, xpack, kblock)
+                    roots.extend([For("kb", c(0), c(loop), root)] if loop else root)
+                    continue
                 local = pack("ypanel", add(mul(rflat, c(nr)), Var(jj)), False, (r0, kcb))
                 body = _panel_body(n, groups[0][0], nv, vw, vt, pk, bl, NJt, K, R, xpack, nr, local, nr, kblock)
                 if tail:
@@ -321,6 +332,31 @@ def tile_contractions(p: Program, target: Target) -> Program:
                                             None, block, nr))
         kernels.append(replace(k, body=tuple(roots)))
     return replace(p, kernels=tuple(kernels), buffers=tuple(buffers))
+
+
+def _few_panels_block(n: Nest, pack, yblk: str, rows, nvs, panels, nr: int, kcb: int, rflat: Expr, vw: int,
+                      vt: str, K: int, R: Var, xpack, kblock) -> tuple[Stmt, ...]:
+    """One reduction block when there are few panels: the block of every panel packed into
+    ``yblk`` [jo][kcb][nr] (parallel over panels), then the row tiles in parallel, each
+    running over the full panels and the partial last one."""
+    NJ, NJt, tail = panels
+    r0 = kblock[0]
+    idx = add(mul(add(mul(Var("jo"), c(kcb)), rflat), c(nr)), Var("jj"))
+    packs: list[Stmt] = []
+    if NJ:
+        packs.append(For("jo", c(0), c(NJ), pack(yblk, idx, False, (r0, kcb)), parallel=True))
+    if tail:
+        packs.append(For("jo", c(NJ), c(NJt), pack(yblk, idx, True, (r0, kcb))))
+    panel = mul(add(mul(Var("jo"), c(kcb)), R), c(nr))
+    tiles: list[Stmt] = []
+    for mr, i0, MI in rows:
+        parts = []
+        for jlo, jhi, width, vecs in ((0, NJ, nr, nvs[0]), (NJ, NJt, tail, nvs[1])):
+            if jhi > jlo:
+                f = _row_tiles(n, mr, i0, MI, vecs, vw, vt, yblk, panel, K, R, xpack, width, nr, kblock)
+                parts.append(For("jo", c(jlo), c(jhi), f.body))
+        tiles.append(For("io", c(0), c(MI), tuple(parts), parallel=True))
+    return (*packs, *tiles)
 
 
 def _row_groups(M: int, mr: int, mc: int, nb: int) -> list:

@@ -65,7 +65,7 @@ def conv_general_dilated(ctx, lhs, rhs, window_strides, padding, lhs_dilation, r
                          **params):
     """Any layout (NHWC, NCHW, HWIO, OIHW ...) is viewed as NCHW x OIHW, convolved, and the result
     viewed back in the output layout. 1-d convolutions run as 2-d ones of height 1; asymmetric
-    padding pads the input first. Input dilation (transposed convolution) is not lowered."""
+    padding is conv2d's ``padding_hi``. Input dilation (transposed convolution) is not lowered."""
     b = ctx.b
     nsp = len(lhs.shape) - 2
     if nsp not in (1, 2):
@@ -87,12 +87,10 @@ def conv_general_dilated(ctx, lhs, rhs, window_strides, padding, lhs_dilation, r
         strides, dil, pads = [1] + strides, [1] + dil, [(0, 0)] + pads
     if any(lo < 0 or hi < 0 for lo, hi in pads):
         raise Unsupported("convolution with negative padding")
-    sym = [lo for lo, hi in pads]
-    if any(lo != hi for lo, hi in pads):
-        x = b.node("pad", [x], pads=((0, 0), (0, 0)) + tuple(pads), value=0.0 if dt.startswith("float") else 0)
-        sym = [0, 0]
-    y = b.node("conv2d", [x, w], stride=tuple(int(s) for s in strides), padding=tuple(sym),
-               dilation=tuple(int(d) for d in dil), groups=int(feature_group_count))
+    lo, hi = tuple(p[0] for p in pads), tuple(p[1] for p in pads)
+    extra = {"padding_hi": hi} if hi != lo else {}  # asymmetric ("SAME" with an even stride)
+    y = b.node("conv2d", [x, w], stride=tuple(int(s) for s in strides), padding=lo,
+               dilation=tuple(int(d) for d in dil), groups=int(feature_group_count), **extra)
     if nsp == 1:
         y = b.squeeze(y, [2])
     return b.permute(y, _inverse(out_spec))
