@@ -36,6 +36,7 @@ from .tile_util import when as _when
 MIN_WORK = 32 * 32 * 32  # multiply-adds below which tiling is not worth a packing pass
 MIN_ROWS = 4  # rows a blocked long reduction needs to be tiled (a shorter one: the row-tile minimum)
 FUSED_PACK_MIN_PANELS = 8  # panels packed inside the panel loop only when there are this many to share
+# (the panels of all batch iterations: N8 C256 14x14 3x3 conv 9.3 -> 6.7 ms, 4 groups 0.49 -> 0.26)
 FUSED_PACK_MIN_K = 64  # ... and the reduction is at least this long
 
 
@@ -124,10 +125,12 @@ def tile_contractions(p: Program, target: Target) -> Program:
         nbatch, bl = batch_index(bdeps)
         # each panel packed inside the panel loop, into a local buffer that stays in L2 for all the
         # row tiles that use it (no round trip of the packed copy through memory), when it fits,
-        # there are panels enough to share among the cores and no batch loop would repack it
+        # there are panels enough (over the batch loops too) to share among the cores and no
+        # batch loop would repack it
         # and the reduction is long enough (with a short one, e.g. a 1x1 convolution over 32
         # channels, a separate pack pass streams better: measured 4.9 vs 9.4 ms)
-        fused = (K * nr * 4 <= target.l2_bytes // 2 and NJt >= FUSED_PACK_MIN_PANELS
+        fused = (K * nr * 4 <= target.l2_bytes // 2
+                 and NJt * nbatch >= FUSED_PACK_MIN_PANELS
                  and len(bdeps) == len(n.batch) and K >= FUSED_PACK_MIN_K) or bool(kc)
         pk = f"pk{sum(1 for x in buffers if x.name.startswith('pk'))}"  # packed panels (a temp in the arena)
         if not fused:
