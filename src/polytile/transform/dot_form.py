@@ -19,6 +19,7 @@ from ..affine.ir import (Alloc, Assign, Buffer, Const, Expr, For, Kernel, Let, L
 from ..affine.linear import linear_form, to_expr
 from .contraction_nest import Nest, batch_index, decompose, epilogue_store, in_group, strides
 from .fusion_util import map_expr, subst_vars
+from .tile_util import reduction_blocks
 from .tile_util import when as _when
 
 
@@ -52,12 +53,7 @@ def dot_form(k: Kernel, n: Nest, M: int, N: int, K: int, vw: int, regs: int, buf
     if kblocked:
         acc = f"pk{sum(1 for x in buffers if x.name.startswith('pk'))}"
         buffers.append(Buffer(acc, "float32", M * N * vw, "temp"))
-        nkb, rem = kv // kcv, kv % kcv
-        kb = Var("kb")
-        blocks = [(mul(kb, c(kcv)), kcv, nkb, Op("lt", (c(0), kb), "bool"),
-                   False if rem else Op("eq", (kb, c(nkb - 1)), "bool"))]
-        if rem:
-            blocks.append((c(nkb * kcv), rem, 0, True, True))
+        blocks = reduction_blocks(kv, kcv)
     else:
         blocks = [(c(0), kv, 0, False, True)]
     roots = []

@@ -31,6 +31,7 @@ from .contraction_nest import (Nest, batch_index, contiguous, decompose, epilogu
                                strides)
 from .dot_form import dot_form
 from .fusion_util import map_expr, subst_vars
+from .tile_util import reduction_blocks
 from .tile_util import when as _when
 
 MIN_WORK = 32 * 32 * 32  # multiply-adds below which tiling is not worth a packing pass
@@ -268,12 +269,7 @@ def tile_contractions(p: Program, target: Target) -> Program:
             # accumulate in ``cacc`` between blocks, the last block applies the epilogue
             cacc = f"pk{sum(1 for x in buffers if x.name.startswith('pk'))}"
             buffers.append(Buffer(cacc, "float32", M * NJt * nr, "temp"))
-            nkb, rem = K // kc, K % kc
-            kb = Var("kb")
-            blocks = [(mul(kb, c(kc)), kc, nkb, Op("lt", (c(0), kb), "bool"),
-                       False if rem else Op("eq", (kb, c(nkb - 1)), "bool"))]
-            if rem:
-                blocks.append((c(nkb * kc), rem, 0, True, True))
+            blocks = reduction_blocks(K, kc)
             few = NJt < 4 * target.cores  # too few panels to share: parallel over row tiles instead
             if few:
                 yblk = f"pk{sum(1 for x in buffers if x.name.startswith('pk'))}"

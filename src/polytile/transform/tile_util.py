@@ -1,7 +1,7 @@
 """Small statement builders shared by the contraction tilings."""
 from __future__ import annotations
 
-from ..affine.ir import Expr, If, Stmt
+from ..affine.ir import Expr, If, Op, Stmt, Var, c, mul
 
 
 def when(cond: Expr | bool, then: list[Stmt], orelse: list[Stmt] | None = None) -> list[Stmt]:
@@ -11,3 +11,17 @@ def when(cond: Expr | bool, then: list[Stmt], orelse: list[Stmt] | None = None) 
     if cond is False:
         return list(orelse or [])
     return [If(cond, tuple(then), tuple(orelse or ()))]
+
+
+def reduction_blocks(total: int, size: int) -> list[tuple]:
+    """The blocks of a reduction of ``total`` in pieces of ``size``: [(start, length, loop trip
+    count or 0, reload, final)]. Full blocks run in a loop over ``kb``, the rest (if any) as one
+    more block; ``reload`` (accumulators carried in from a previous block) and ``final`` (the
+    epilogue runs) are constants or runtime tests on ``kb``."""
+    nkb, rem = total // size, total % size
+    kb = Var("kb")
+    blocks: list[tuple] = [(mul(kb, c(size)), size, nkb, Op("lt", (c(0), kb), "bool"),
+                            False if rem else Op("eq", (kb, c(nkb - 1)), "bool"))]
+    if rem:
+        blocks.append((c(nkb * size), rem, 0, True, True))
+    return blocks
