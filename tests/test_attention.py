@@ -79,6 +79,33 @@ def test_attention_odd_sizes(L, S, causal):
     assert st.get("attention_fused", 0) == 1
 
 
+def _attention_kernel(tmp_path) -> str:
+    src = next(tmp_path.rglob("*kernel.c")).read_text()
+    body = src[src.index("_attention(int pt_nthreads"):]
+    return body[:body.index("\n}\n")]  # the online-softmax kernel's function only
+
+
+def test_causal_mask_only_on_diagonal_tiles(tmp_path):
+    """Key tiles every row of a query tile sees whole run without the causal test, in a loop
+    of their own before the diagonal tiles."""
+    _run(_sdpa(True), _qkv(1, 2, 2, 300, 300, 32), dump_dir=str(tmp_path / "a"))
+    main = _attention_kernel(tmp_path / "a")
+    assert main.count("for (int64_t jt = ") == 2
+
+
+def test_constant_scale_folded_into_the_q_tile(tmp_path):
+    """(q @ k^T) * c: the scale multiplies Q as it is packed, not every score."""
+    def f(q, k, v):
+        return torch.softmax(q @ k.transpose(-1, -2) * 0.3, -1) @ v
+
+    st = _run(f, _qkv(1, 2, 2, 100, 100, 32), dump_dir=str(tmp_path / "b"))
+    assert st.get("attention_fused", 0) == 1
+    main = _attention_kernel(tmp_path / "b")
+    head, tiles = main.split("for (int64_t jt = ", 1)
+    c = float.hex(0.3)  # how the renderer writes the constant
+    assert c in head and c not in tiles
+
+
 @pytest.mark.parametrize("kind", ["additive", "bool", "bool_row_masked", "additive_bcast_heads"])
 def test_attention_masks(kind):
     B, H, L, S, D = 2, 4, 33, 45, 32

@@ -87,7 +87,9 @@ def lower_attention(b, n: Node, target: Target, threads: int) -> tuple[list[Stmt
     it, r, d, j, x = Var("it"), Var("r"), Var("d"), Var("j"), Var("x")
     row0 = mul(it, c(BR))
     NT = -(-L // BR)
-    steps = n.attr("steps")
+    steps = list(n.attr("steps"))
+    # a constant scale first in the chain is applied to the Q tile as it is packed (q*c).k = c*(q.k)
+    qscale = steps.pop(0)[:3:2] if steps and steps[0][0] in ("mul", "div") and steps[0][1] == "c" else None
     SP = -(-S // BC) * BC
     kbuf, vbuf = b.temp(F32, math.prod(bd) * SP * D), b.temp(F32, math.prod(bd) * SP * DVP)
     bflat: Expr = c(0)
@@ -102,8 +104,11 @@ def lower_attention(b, n: Node, target: Target, threads: int) -> tuple[list[Stmt
     body: list[Stmt] = [Alloc("qp", F32, BR * D), Alloc("mrow", F32, BR), Alloc("lrow", F32, BR),
                         Alloc("o", F32, BR * DVP), Alloc("s", F32, BR * BC)]
     qrow = add(row0, r)
+    qval: Expr = b.read(q, bvars + [qrow, d])
+    if qscale is not None:
+        qval = _f(qscale[0], qval, Const(qscale[1], F32))
     body.append(For("r", c(0), c(BR), (For("d", c(0), c(D), (
-        guarded(L % BR != 0, _lt(qrow, c(L)), Store("qp", add(mul(r, c(D)), d), b.read(q, bvars + [qrow, d])),
+        guarded(L % BR != 0, _lt(qrow, c(L)), Store("qp", add(mul(r, c(D)), d), qval),
                 Store("qp", add(mul(r, c(D)), d), Const(0.0, F32))),)),)))
     body.append(For("r", c(0), c(BR), (
         Store("mrow", r, NEG_INF), Store("lrow", r, Const(0.0, F32)),
@@ -112,8 +117,9 @@ def lower_attention(b, n: Node, target: Target, threads: int) -> tuple[list[Stmt
     full_tiles = S // BC
     tail = S % BC
 
-    def key_tile(j0: Expr, width: int) -> list[Stmt]:
-        """Everything for the keys [j0, j0 + width) (width < BC only for the last tile)."""
+    def key_tile(j0: Expr, width: int, steps: list) -> list[Stmt]:
+        """Everything for the keys [j0, j0 + width) (width < BC only for the last tile), the
+        score steps ``steps`` applied."""
         key = add(j0, j)
         st: list[Stmt] = []
         # scores: s = qp . K^T tile in RQ x BC register tiles
@@ -176,9 +182,17 @@ def lower_attention(b, n: Node, target: Target, threads: int) -> tuple[list[Stmt
             last = add(add(row0, c(BR - 1)), c(causal[0]))
             reach = add(Op("floordiv", (last, c(BC)), INDEX), c(1))
             hi = Op("minimum", (c(full_tiles), Op("maximum", (c(0), reach), INDEX)), INDEX)
-        body.append(For("jt", c(0), hi, tuple(key_tile(mul(jt, c(BC)), BC))))
+            # tiles every row of the tile sees whole (keys <= the first row + offset): no mask
+            first = add(row0, c(causal[0] - BC + 1))
+            seen = Op("maximum", (c(0), add(Op("floordiv", (first, c(BC)), INDEX), c(1))), INDEX)
+            lo: Expr = Op("minimum", (hi, Op("maximum", (c(0), seen), INDEX)), INDEX)
+            open_steps = [st for st in steps if st[0] != "causal"]
+            body.append(For("jt", c(0), lo, tuple(key_tile(mul(jt, c(BC)), BC, open_steps))))
+            body.append(For("jt", lo, hi, tuple(key_tile(mul(jt, c(BC)), BC, steps))))
+        else:
+            body.append(For("jt", c(0), hi, tuple(key_tile(mul(jt, c(BC)), BC, steps))))
     if tail:
-        last_tile = key_tile(c(full_tiles * BC), tail)
+        last_tile = key_tile(c(full_tiles * BC), tail, steps)
         if causal:
             last_tile = [If(Op("ge", (add(add(row0, c(BR - 1)), c(causal[0])), c(full_tiles * BC)), "bool"),
                             tuple(last_tile))]
