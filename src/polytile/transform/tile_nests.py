@@ -94,12 +94,14 @@ def wrap(n: Nest, main: Stmt, block) -> Stmt:
 
 
 def row_tiles(n: Nest, mr: int, i0: Expr, MI: int, nv: int, vw: int, vt: str, ybuf: str, panel: Expr, K: int,
-               R: Var, xpack, width: int, step: int, kblock=None) -> For:
+               R: Var, xpack, width: int, step: int, kblock=None, tout=None) -> For:
     """io < MI: the mr x (nv*vw) register tile of rows i0 + io*mr + [0, mr) times panel jo (at
     ``panel`` in ``ybuf``, columns jo*step + [0, nv*vw)), then its epilogue on the first
     ``width`` columns. ``kblock`` = (r0, kc, reload, final, cacc, ldc): the reduction rows
     r0 + [0, kc) only (the panel holds those), the tile loaded from ``cacc`` (row stride ldc)
-    when ``reload`` holds and stored there unless ``final`` holds (then the epilogue runs)."""
+    when ``reload`` holds and stored there unless ``final`` holds (then the epilogue runs).
+    ``tout`` = (buffer, columns): the raw tile stored there row-major instead (``out_kernel``
+    applies the epilogue)."""
     nr = nv * vw
     i = n.iloop.var
     rn = [f.var for f in n.rloops]
@@ -139,7 +141,10 @@ def row_tiles(n: Nest, mr: int, i0: Expr, MI: int, nv: int, vw: int, vt: str, yb
     tval = Load(tile, add(mul(Var(ii), c(nr)), Var(jj)), "float32")
     value = map_expr(n.store.value, lambda e: tval if isinstance(e, Var) and e.name == n.acc else e)
     epi = epilogue_store(n, value, ivar, jvar)
-    if output_along_rows(n):
+    if tout is not None:  # the finished values, row-major: ``out_kernel`` only moves them
+        done.append(For(ii, c(0), c(mr), (For(jj, c(0), c(width), (
+            Store(tout[0], add(mul(ivar, c(tout[1])), jvar), epi.value),)),)))
+    elif output_along_rows(n):
         # the output runs along the tile's rows (a swapped orientation, see ``orient``): the
         # epilogue walks them innermost, a row segment of mr at a time
         done.append(For(jj, c(0), c(width), (For(ii, c(0), c(mr), (epi,)),)))
@@ -150,6 +155,20 @@ def row_tiles(n: Nest, mr: int, i0: Expr, MI: int, nv: int, vw: int, vt: str, yb
         done = _when(final, done, keep)
     body += done
     return For(io, c(0), c(MI), tuple(body), parallel=True)
+
+
+def out_kernel(k, n: Nest, tbuf: str, M: int, N: int):
+    """The output of a nest whose output runs along its rows, from the finished tiles in
+    ``tbuf`` (M x N, row-major, epilogue applied by the tiles): one output row (a column j of
+    the tiles) at a time, written in order. Tile stores straight to the output put mr-element
+    pieces into rows a multiple of 2 KB apart, all in one or two L1 sets (a C experiment: 4.8 ->
+    3.6 ms for the 128x3072x768 linear's kernel); here the output streams and the tiles'
+    columns come from the L2."""
+    from ..affine.ir import Kernel
+    idx = epilogue_store(n, Const(0.0, "float32"), Var("i"), Var("j")).index
+    st = Store(n.store.buf, idx, Load(tbuf, add(mul(Var("i"), c(N)), Var("j")), "float32"))
+    body = For("j", c(0), c(N), (For("i", c(0), c(M), (st,)),), parallel=True)
+    return Kernel(f"{k.name}_out", (body,), f"epilogue of {k.origin}"[:160])
 
 
 def output_along_rows(n: Nest) -> bool:
