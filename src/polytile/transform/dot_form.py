@@ -14,12 +14,12 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..affine.ir import (Alloc, Assign, Buffer, Const, Expr, For, Kernel, Let, Load, Op, Stmt, Store, Var, add, c,
+from ..affine.ir import (Alloc, Assign, Const, Expr, For, Kernel, Let, Load, Op, Stmt, Store, Var, add, c,
                          mul, vector_type)
 from ..affine.linear import linear_form, to_expr
 from .contraction_nest import Nest, batch_index, decompose, epilogue_store, in_group, strides
 from .fusion_util import map_expr, subst_vars
-from .tile_util import reduction_blocks
+from .tile_util import new_temp, reduction_blocks
 from .tile_util import when as _when
 
 
@@ -32,8 +32,7 @@ def dot_form(k: Kernel, n: Nest, M: int, N: int, K: int, vw: int, regs: int, buf
     fy = linear_form(n.y.index)[0]
     bdeps = [f for f in n.batch if fy.get(f.var, 0) != 0]
     nbatch, bl = batch_index(bdeps)
-    pk = f"pk{sum(1 for x in buffers if x.name.startswith('pk'))}"
-    buffers.append(Buffer(pk, "float32", nbatch * N * K, "temp"))
+    pk = new_temp(buffers, nbatch * N * K)
     rflat = to_expr({v: s for v, s in zip(rn, strides(n.rloops))}, 0)
     jdec = decompose(jn, n.jloops, Var("jt"))
     pbody: Stmt = Store(pk, add(mul(add(mul(bl, c(N)), Var("jt")), c(K)), rflat), subst_vars(n.y, {**jdec, i: c(0)}))
@@ -51,8 +50,7 @@ def dot_form(k: Kernel, n: Nest, M: int, N: int, K: int, vw: int, regs: int, buf
     kcv = max(1, min(l2_bytes // 4 // (N * 4), l1_bytes // 2 // (md * 4)) // vw)
     kblocked = not n.batch and (md + N) * K * 4 > l2_bytes // 2 and kv > kcv
     if kblocked:
-        acc = f"pk{sum(1 for x in buffers if x.name.startswith('pk'))}"
-        buffers.append(Buffer(acc, "float32", M * N * vw, "temp"))
+        acc = new_temp(buffers, M * N * vw)
         blocks = reduction_blocks(kv, kcv)
     else:
         blocks = [(c(0), kv, 0, False, True)]

@@ -23,16 +23,16 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..affine.ir import (Alloc, Buffer, Const, Expr, For, If, Kernel, Load, Op, Program, Stmt, Store, Var, add, c,
+from ..affine.ir import (Alloc, Const, Expr, For, If, Kernel, Load, Op, Program, Stmt, Store, Var, add, c,
                          mul, trip_count, vector_type, walk_exprs)
 from ..affine.linear import linear_form, to_expr
 from ..target import Target
 from .contraction_nest import Nest, batch_index, contiguous, decompose, match, orient, strides
 from .dot_form import dot_form
 from .fusion_util import subst_vars
-from .tile_nests import (few_panels_block, out_kernel, output_along_rows, panel_body, row_groups, row_tiles,
-                         tile_nest, transposed_pack, wrap)
-from .tile_util import reduction_blocks
+from .tile_nests import (few_panels_block, out_kernel, output_along_rows, panel_body, row_groups,
+                         rows_over_panels, tile_nest, transposed_pack, wrap)
+from .tile_util import new_temp, reduction_blocks
 
 MIN_WORK = 32 * 32 * 32  # multiply-adds below which tiling is not worth a packing pass
 MIN_ROWS = 4  # rows a blocked long reduction needs to be tiled (a shorter one: the row-tile minimum)
@@ -134,9 +134,7 @@ def tile_contractions(p: Program, target: Target) -> Program:
         fused = (K * nr * 4 <= target.l2_bytes // 2
                  and NJt * nbatch >= FUSED_PACK_MIN_PANELS
                  and len(bdeps) == len(n.batch) and K >= FUSED_PACK_MIN_K) or bool(kc)
-        pk = f"pk{sum(1 for x in buffers if x.name.startswith('pk'))}"  # packed panels (a temp in the arena)
-        if not fused:
-            buffers.append(Buffer(pk, "float32", nbatch * NJt * K * nr, "temp"))
+        pk = "" if fused else new_temp(buffers, nbatch * NJt * K * nr)  # all the packed panels
         jo, jj, ii = "jo", "jj", "ii"
         jdec = decompose(jn, n.jloops, add(mul(Var(jo), c(nr)), Var(jj)))
         rflat = to_expr({v: s for v, s in zip(rn, strides(n.rloops))}, 0)
@@ -238,8 +236,7 @@ def tile_contractions(p: Program, target: Target) -> Program:
             xdeps = [f for f in n.batch if fx.get(f.var, 0) != 0]
             nbx, xbl = batch_index(xdeps)
             mt = MI + (1 if M % mr else 0)
-            xb = f"pk{sum(1 for x in buffers if x.name.startswith('pk'))}"
-            buffers.append(Buffer(xb, "float32", nbx * mt * K * mr, "temp"))
+            xb = new_temp(buffers, nbx * mt * K * mr)
             row = add(mul(Var("it"), c(mr)), Var(ii))
             xidx = add(mul(add(mul(add(mul(xbl, c(mt)), Var("it")), c(K)), rflat), c(mr)), Var(ii))
             xbody: Stmt = If(Op("lt", (row, c(M)), "bool"), (Store(xb, xidx, subst_vars(n.x, {i: row})),))
@@ -268,13 +265,10 @@ def tile_contractions(p: Program, target: Target) -> Program:
             # the reduction in blocks of kc (the BLIS pc loop): per block, each panel's kc rows
             # are packed where they stay in L2 and every row tile runs over them; the tiles
             # accumulate in ``cacc`` between blocks, the last block applies the epilogue
-            cacc = f"pk{sum(1 for x in buffers if x.name.startswith('pk'))}"
-            buffers.append(Buffer(cacc, "float32", M * NJt * nr, "temp"))
+            cacc = new_temp(buffers, M * NJt * nr)
             blocks = reduction_blocks(K, kc)
             few = NJt < 4 * target.cores  # too few panels to share: parallel over row tiles instead
-            if few:
-                yblk = f"pk{sum(1 for x in buffers if x.name.startswith('pk'))}"
-                buffers.append(Buffer(yblk, "float32", NJt * kc * nr, "temp"))
+            yblk = new_temp(buffers, NJt * kc * nr) if few else ""
             for r0, kcb, loop, reload, final in blocks:
                 kblock = (r0, kcb, reload, final, cacc, NJt * nr)
                 if few:
@@ -312,19 +306,12 @@ def tile_contractions(p: Program, target: Target) -> Program:
             # most two L1 sets for all of them): raw tiles to a row-major temp, the epilogue
             # then writes the output row by row (``out_kernel``); 128x3072x768 linear 4.3 ->
             # 3.8 ms on one thread, 2.3 -> 2.1 on two; with rows 3 KB apart (768) no gain
-            tout = (f"pk{sum(1 for x in buffers if x.name.startswith('pk'))}", N)
-            buffers.append(Buffer(tout[0], "float32", M * N, "temp"))
+            tout = (new_temp(buffers, M * N), N)
         if rows_outer:
+            panel = mul(add(mul(add(mul(bl, c(NJt)), Var("jo")), c(K)), R), c(nr))  # Yp[bl][jo][R][0]
             for rows, block in groups:
-                for mrx, i0, MIx in rows:
-                    parts = []
-                    for jlo, jhi, width, vecs in ((0, NJ, nr, nv), (NJ, NJt, tail, nvt)):
-                        if jhi > jlo:
-                            f = row_tiles(n, mrx, i0, MIx, vecs, vw, vt, pk,
-                                           mul(add(mul(add(mul(bl, c(NJt)), Var("jo")), c(K)), R), c(nr)),
-                                           K, R, xpack, width, nr, None, tout)
-                            parts.append(For("jo", c(jlo), c(jhi), f.body))
-                    roots.append(wrap(n, For("io", c(0), c(MIx), tuple(parts), parallel=True), block))
+                roots += [wrap(n, f, block) for f in rows_over_panels(n, rows, (nv, nvt), (NJ, NJt, tail), nr, pk,
+                                                                      panel, vw, vt, K, R, xpack, None, tout)]
         for jlo, jhi, width in ((0, NJ, nr), (NJ, NJt, tail)) if not (fused and tail or kc or rows_outer) else ():
             if jhi == jlo:
                 continue

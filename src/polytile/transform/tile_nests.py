@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..affine.ir import Alloc, Assign, Const, Expr, For, Let, Load, Op, Stmt, Store, Var, add, c, mul
+from ..affine.ir import Alloc, Assign, Const, Expr, For, Kernel, Let, Load, Op, Stmt, Store, Var, add, c, mul
 from ..affine.linear import linear_form
 from .contraction_nest import Nest, epilogue_store, in_group
 from .fusion_util import map_expr, subst_vars
@@ -27,15 +27,24 @@ def few_panels_block(n: Nest, pack, yblk: str, rows, nvs, panels, nr: int, kcb: 
     if tail:
         packs.append(For("jo", c(NJ), c(NJt), pack(yblk, idx, True, (r0, kcb))))
     panel = mul(add(mul(Var("jo"), c(kcb)), R), c(nr))
-    tiles: list[Stmt] = []
+    return (*packs, *rows_over_panels(n, rows, nvs, panels, nr, yblk, panel, vw, vt, K, R, xpack, kblock))
+
+
+def rows_over_panels(n: Nest, rows, nvs, panels, nr: int, ybuf: str, panel: Expr, vw: int, vt: str, K: int,
+                     R: Var, xpack, kblock=None, tout=None) -> list[For]:
+    """For each (mr, i0, MI) of ``rows``: io < MI (parallel), the row tile meets every packed panel
+    in turn, the full ones (nvs[0] vectors) then the partial last one (nvs[1]); ``panels`` =
+    (full panels, all panels, columns of the last); ``panel`` indexes panel jo in ``ybuf``."""
+    NJ, NJt, tail = panels
+    out = []
     for mr, i0, MI in rows:
         parts = []
         for jlo, jhi, width, vecs in ((0, NJ, nr, nvs[0]), (NJ, NJt, tail, nvs[1])):
             if jhi > jlo:
-                f = row_tiles(n, mr, i0, MI, vecs, vw, vt, yblk, panel, K, R, xpack, width, nr, kblock)
+                f = row_tiles(n, mr, i0, MI, vecs, vw, vt, ybuf, panel, K, R, xpack, width, nr, kblock, tout)
                 parts.append(For("jo", c(jlo), c(jhi), f.body))
-        tiles.append(For("io", c(0), c(MI), tuple(parts), parallel=True))
-    return (*packs, *tiles)
+        out.append(For("io", c(0), c(MI), tuple(parts), parallel=True))
+    return out
 
 
 def row_groups(M: int, mr: int, mc: int, nb: int) -> list:
@@ -157,14 +166,13 @@ def row_tiles(n: Nest, mr: int, i0: Expr, MI: int, nv: int, vw: int, vt: str, yb
     return For(io, c(0), c(MI), tuple(body), parallel=True)
 
 
-def out_kernel(k, n: Nest, tbuf: str, M: int, N: int):
+def out_kernel(k: Kernel, n: Nest, tbuf: str, M: int, N: int) -> Kernel:
     """The output of a nest whose output runs along its rows, from the finished tiles in
     ``tbuf`` (M x N, row-major, epilogue applied by the tiles): one output row (a column j of
     the tiles) at a time, written in order. Tile stores straight to the output put mr-element
     pieces into rows a multiple of 2 KB apart, all in one or two L1 sets (a C experiment: 4.8 ->
     3.6 ms for the 128x3072x768 linear's kernel); here the output streams and the tiles'
     columns come from the L2."""
-    from ..affine.ir import Kernel
     idx = epilogue_store(n, Const(0.0, "float32"), Var("i"), Var("j")).index
     st = Store(n.store.buf, idx, Load(tbuf, add(mul(Var("i"), c(N)), Var("j")), "float32"))
     body = For("j", c(0), c(N), (For("i", c(0), c(M), (st,)),), parallel=True)

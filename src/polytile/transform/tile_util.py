@@ -1,7 +1,7 @@
 """Small statement builders shared by the contraction tilings."""
 from __future__ import annotations
 
-from ..affine.ir import Expr, If, Op, Stmt, Var, c, mul
+from ..affine.ir import Buffer, Expr, If, Op, Stmt, Var, c, mul
 
 
 def when(cond: Expr | bool, then: list[Stmt], orelse: list[Stmt] | None = None) -> list[Stmt]:
@@ -25,3 +25,10 @@ def reduction_blocks(total: int, size: int) -> list[tuple]:
     if rem:
         blocks.append((c(nkb * size), rem, 0, True, True))
     return blocks
+
+
+def new_temp(buffers: list, size: int) -> str:
+    """Append a new float32 temp of ``size`` elements (in the arena) to ``buffers``; its name."""
+    name = f"pk{sum(1 for x in buffers if x.name.startswith('pk'))}"
+    buffers.append(Buffer(name, "float32", size, "temp"))
+    return name
