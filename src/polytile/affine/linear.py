@@ -49,3 +49,46 @@ def uses_var(e: Expr, name: str) -> bool:
     from .ir import walk_exprs
 
     return any(isinstance(x, Var) and x.name == name for x in walk_exprs(e))
+
+
+def simplify_divmod(e: Expr, ranges: dict[str, tuple[int, int]]) -> Expr:
+    """``e`` with floordiv / remainder by a positive constant removed where the variables'
+    ranges (``{var: (lo, hi)}``, hi exclusive) prove the quotient's fractional part stays in
+    one step: floordiv(32*jo + jj, 32) is jo and remainder(32*jo + jj, 32) is jj when jj is in
+    [0, 32). Anything else is left as it is."""
+    from dataclasses import replace as _replace
+
+    from .ir import Load, walk_exprs
+
+    def split(x: Expr, k: int):
+        lf = linear_form(x)
+        if lf is None:
+            return None
+        q = {v: a // k for v, a in lf[0].items() if a % k == 0}
+        r = {v: a for v, a in lf[0].items() if a % k}
+        lo = hi = lf[1] % k
+        for v, a in r.items():
+            if v not in ranges:
+                return None
+            vlo, vhi = ranges[v][0], ranges[v][1] - 1
+            lo += min(a * vlo, a * vhi)
+            hi += max(a * vlo, a * vhi)
+        if lo // k != hi // k:
+            return None
+        t = lo // k
+        return to_expr(q, lf[1] // k + t), to_expr(r, lf[1] % k - t * k)
+
+    def go(x: Expr) -> Expr:
+        if isinstance(x, Load):
+            return _replace(x, index=go(x.index))
+        if not isinstance(x, Op):
+            return x
+        x = _replace(x, args=tuple(go(a) for a in x.args))
+        if x.fn in ("floordiv", "remainder") and x.dtype == INDEX and isinstance(x.args[1], Const) \
+                and x.args[1].value > 0:
+            s = split(x.args[0], int(x.args[1].value))
+            if s is not None:
+                return s[0] if x.fn == "floordiv" else s[1]
+        return x
+
+    return go(e) if any(isinstance(x, Op) and x.fn in ("floordiv", "remainder") for x in walk_exprs(e)) else e

@@ -1,12 +1,17 @@
 """Conditions to loop bounds: an ``If`` that is the whole body of a loop and whose condition
 is a conjunction of affine comparisons is split into parts that do not depend on the loop
 variable (hoisted above the loop) and parts linear in it (folded into the loop bounds).
-This removes the padding checks of convolution and pooling from their innermost loops."""
+This removes the padding checks of convolution and pooling from their innermost loops.
+
+A loop whose body is one store of ``where(cond, a, b)`` is split the same way (index-set
+splitting): the range of the loop variable where the affine conjuncts of ``cond`` hold stores
+``a``, the ranges before and after it store ``b``. An im2col pack of a padded image becomes
+zero fills around a copy the C compiler vectorizes."""
 from __future__ import annotations
 
 from dataclasses import replace
 
-from ..affine.ir import INDEX, Const, Expr, For, If, Op, Program, Stmt, c
+from ..affine.ir import INDEX, Const, Expr, For, If, Load, Op, Program, Stmt, Store, c
 from ..affine.linear import linear_form, to_expr
 
 _CMP = ("lt", "le", "gt", "ge")
@@ -98,12 +103,50 @@ def _tighten(f: For, ivs: frozenset[str]) -> list[Stmt]:
     return [If(_and(hoisted), (loop,))] if hoisted else [loop]
 
 
+def _split_select(f: For, ivs: frozenset[str]) -> list[Stmt]:
+    if len(f.body) != 1 or not isinstance(f.body[0], Store):
+        return [f]
+    st = f.body[0]
+    v = st.value
+    if not (isinstance(v, Op) and v.fn == "where"):
+        return [f]
+    lo, hi, keep = [], [], []
+    for cj in _conjuncts(v.args[0]):
+        vs = _vars(cj)
+        b = _bound(cj, f.var) if f.var in vs and vs <= ivs | {f.var} else None
+        if b is None:
+            keep.append(cj)
+        else:
+            (lo if b[0] == "lo" else hi).append(b[1])
+    if not lo and not hi:
+        return [f]
+    mlo, mhi = f.lo, f.hi
+    for e in lo:
+        mlo = Op("maximum", (mlo, e), INDEX)
+    for e in hi:
+        mhi = Op("minimum", (mhi, e), INDEX)
+    # [f.lo, mlo) stores b, [mlo, mhi) the selected value, [max(mlo, mhi), f.hi) b again: the
+    # pieces cover the loop's range once, in order, also when the middle one is empty; each
+    # bound is a maximum of lower or a minimum of upper bounds, which isl reads as constraints
+    mid = Op("where", (_and(keep), v.args[1], v.args[2]), v.dtype) if keep else v.args[1]
+    other = replace(st, value=v.args[2])
+    out = []
+    if lo:
+        out.append(replace(f, hi=Op("minimum", (f.hi, mlo), INDEX), body=(other,)))
+    if not (isinstance(mid, Load) and mid.buf == st.buf and mid.index == st.index):  # else a no-op copy
+        out.append(replace(f, lo=mlo, hi=mhi, body=(replace(st, value=mid),)))
+    if hi:
+        out.append(replace(f, lo=Op("maximum", (mlo, mhi), INDEX), body=(other,)))
+    return out
+
+
 def _rewrite(body: tuple[Stmt, ...], ivs: frozenset[str] = frozenset()) -> tuple[Stmt, ...]:
     out: list[Stmt] = []
     for s in body:
         if isinstance(s, For):
             s = replace(s, body=_rewrite(s.body, ivs | {s.var}))
-            out += _tighten(s, ivs)
+            for t in _tighten(s, ivs):
+                out += _split_select(t, ivs) if isinstance(t, For) else [t]
         elif isinstance(s, If):
             out.append(replace(s, then=_rewrite(s.then, ivs), orelse=_rewrite(s.orelse, ivs)))
         else:

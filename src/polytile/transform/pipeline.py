@@ -11,7 +11,7 @@ from ..affine.ir import Program
 from ..affine.verify import verify_program
 from ..options import Options
 from ..target import resolve as resolve_target
-from . import bounds, fuse_epilogues, fuse_loops, fuse_producers, hoist, interchange, parallelize, tile_contractions
+from . import bounds, coalesce, fuse_epilogues, fuse_loops, fuse_producers, hoist, interchange, parallelize, tile_contractions
 
 Pass = tuple[str, Callable[[Program, Options], Program]]
 
@@ -28,6 +28,7 @@ PASSES: list[Pass] = [
     ("sink_parallel_loops", lambda p, o: interchange.sink_parallel_loops(p, tile=512)),
     ("conditions_to_bounds", lambda p, o: bounds.conditions_to_bounds(p)),
     ("hoist_divisors", lambda p, o: hoist.hoist_divisors(p)),
+    ("coalesce_loops", lambda p, o: coalesce.coalesce_loops(p)),
     ("check_parallel_again", lambda p, o: parallelize.check_parallel(p)),
     ("assign_omp", lambda p, o: parallelize.assign_omp(p, threads=o.threads, min_work=o.parallel_min_work)),
 ]

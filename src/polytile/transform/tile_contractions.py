@@ -25,7 +25,7 @@ from dataclasses import replace
 
 from ..affine.ir import (Alloc, Const, Expr, For, If, Kernel, Load, Op, Program, Stmt, Store, Var, add, c,
                          mul, trip_count, vector_type, walk_exprs)
-from ..affine.linear import linear_form, to_expr
+from ..affine.linear import linear_form, simplify_divmod, to_expr, uses_var
 from ..target import Target
 from .contraction_nest import Nest, batch_index, contiguous, decompose, match, orient, strides
 from .dot_form import dot_form
@@ -136,14 +136,20 @@ def tile_contractions(p: Program, target: Target) -> Program:
                  and len(bdeps) == len(n.batch) and K >= FUSED_PACK_MIN_K) or bool(kc)
         pk = "" if fused else new_temp(buffers, nbatch * NJt * K * nr)  # all the packed panels
         jo, jj, ii = "jo", "jj", "ii"
-        jdec = decompose(jn, n.jloops, add(mul(Var(jo), c(nr)), Var(jj)))
+        # a panel that lies within one row of pixels (nr divides the output width) needs no
+        # div/mod: (oh, ow) = (jo * nr // W, jo * nr % W + jj)
+        jdec = {v: simplify_divmod(e, {jo: (0, NJt), jj: (0, nr)})
+                for v, e in decompose(jn, n.jloops, add(mul(Var(jo), c(nr)), Var(jj))).items()}
+        divmod_left = any(isinstance(x, Op) and x.fn in ("floordiv", "remainder")
+                          for e in jdec.values() for x in walk_exprs(e))
         rflat = to_expr({v: s for v, s in zip(rn, strides(n.rloops))}, 0)
         pidx = add(mul(add(mul(add(mul(bl, c(NJt)), Var(jo)), c(K)), rflat), c(nr)), Var(jj))
         pval: Expr = subst_vars(n.y, {**jdec, i: c(0)})
         if n.cond is not None:
             pval = Op("where", (subst_vars(n.cond, {**jdec, i: c(0)}), pval, Const(0.0, "float32")), "float32")
         pre: list[Stmt] = []
-        if len(jn) > 1:  # coalesced pixels: their (oh, ow, ...) computed once per panel, not per element
+        look = jdec
+        if len(jn) > 1 and divmod_left:  # coalesced pixels: their (oh, ow, ...) computed once per panel, not per element
             pre = [Alloc(f"{v}_of", "int64", nr) for v in jn]
             pre.append(For(jj, c(0), c(nr), tuple(Store(f"{v}_of", Var(jj), jdec[v]) for v in jn)))
             look = {v: Load(f"{v}_of", Var(jj), "int64") for v in jn}
@@ -174,7 +180,7 @@ def tile_contractions(p: Program, target: Target) -> Program:
                 # inequalities, so it holds on the whole panel when it holds at both ends: then
                 # the panel row is nv vector copies (stride 2: even lanes of 2*nv loads), else the
                 # element loop above
-                at = look if len(jn) > 1 else jdec
+                at = look
                 y0 = subst_vars(subst_vars(n.y, {**at, i: c(0)}), {jj: c(0)})
                 if chunk is not None:
                     y0 = subst_vars(y0, {rn[0]: add(chunk[0], Var("rl"))})
@@ -191,7 +197,11 @@ def tile_contractions(p: Program, target: Target) -> Program:
                 if step == 2:  # the last load reaches one element past the last one used
                     test = Op("lt", (add(y0.index, c(2 * nr - 1)), c(sizes[n.y.buf])), "bool")
                 for v in jn[:-1]:
-                    t = Op("eq", (Load(f"{v}_of", c(0), "int64"), Load(f"{v}_of", c(nr - 1), "int64")), "bool")
+                    if look is jdec and not uses_var(jdec[v], jj):
+                        continue  # the panel's pixels share this coordinate by construction
+                    a, b = (Load(f"{v}_of", c(e), "int64") for e in (0, nr - 1)) if look is not jdec else \
+                        (subst_vars(jdec[v], {jj: c(e)}) for e in (0, nr - 1))
+                    t = Op("eq", (a, b), "bool")
                     test = t if test is None else Op("logical_and", (test, t), "bool")
                 if n.cond is not None:
                     for e in (0, nr - 1):

@@ -1,0 +1,133 @@
+"""Loop coalescing (transform/coalesce.py), index-set splitting of selects
+(transform/bounds.py) and range-aware div/mod simplification (affine/linear.py): the rewritten
+IR has the expected shape, the cases they must not touch stay as they are, and compiled
+programs that go through them match eager."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+import polytile
+from polytile.affine.ir import (INDEX, Buffer, Const, For, Kernel, Load, Op, Program, Store, Var, c, walk_exprs,
+                               walk_stmts)
+from polytile.affine.linear import linear_form, simplify_divmod
+from polytile.transform.bounds import conditions_to_bounds
+from polytile.transform.coalesce import coalesce_loops
+
+from accuracy import assert_accurate, fp64_reference
+
+F32 = "float32"
+
+
+def _prog(body, n_in=64):
+    bufs = (Buffer("in0", F32, n_in, "input", 0), Buffer("out0", F32, 64, "output", 0))
+    return Program(bufs, (Kernel("k", tuple(body)),))
+
+
+def _lin(**coefs):
+    e = c(coefs.pop("const", 0))
+    for v, k in coefs.items():
+        e = Op("add", (e, Op("mul", (Var(v), c(k)), INDEX)), INDEX)
+    return e
+
+
+def _loops(p):
+    return [s for s in walk_stmts(p.kernels[0].body) if isinstance(s, For)]
+
+
+def _sum_rows(index):
+    """out[i] = sum over (r0, r1) of in0[index], two sequential reduction loops of 8."""
+    from polytile.affine.ir import Assign, Let
+
+    acc = Var("acc", F32)
+    red = For("r0", c(0), c(8), (For("r1", c(0), c(8), (
+        Assign("acc", Op("add", (acc, Load("in0", index, F32)), F32)),)),))
+    return For("i", c(0), c(4), (Let("acc", F32, Const(0.0, F32)), red, Store("out0", Var("i"), acc)),
+               parallel=True)
+
+
+def test_contiguous_reduction_loops_merge_into_one():
+    p = coalesce_loops(_prog([_sum_rows(_lin(i=64, r0=8, r1=1))], n_in=256))
+    loops = _loops(p)
+    assert [f.var for f in loops] == ["i", "r0r1"]
+    merged = loops[1]
+    assert merged.hi == c(64)
+    load = next(x for s in walk_stmts(merged.body) for x in walk_exprs(s.value) if isinstance(x, Load))
+    assert linear_form(load.index) == ({"i": 64, "r0r1": 1}, 0)
+
+
+def test_loops_that_do_not_walk_one_range_stay():
+    for index in (_lin(i=64, r0=1, r1=8),      # transposed: r1 is the outer stride
+                  _lin(i=64, r0=16, r1=1),     # rows 16 apart, 8 used: a gap
+                  Op("floordiv", (_lin(r0=8, r1=1), c(3)), INDEX)):  # not linear
+        p = _prog([_sum_rows(index)], n_in=256)
+        assert coalesce_loops(p) == p
+
+
+def test_select_loop_splits_into_fill_copy_fill():
+    # out[j] = in0[j - 3] where 3 <= j < 40, else 0
+    j = Var("j")
+    cond = Op("logical_and", (Op("ge", (j, c(3)), "bool"), Op("lt", (j, c(40)), "bool")), "bool")
+    val = Op("where", (cond, Load("in0", Op("sub", (j, c(3)), INDEX), F32), Const(0.0, F32)), F32)
+    p = conditions_to_bounds(_prog([For("j", c(0), c(64), (Store("out0", j, val),), parallel=True)]))
+    loops = _loops(p)
+    assert len(loops) == 3
+    assert [type(f.body[0].value).__name__ for f in loops] == ["Const", "Load", "Const"]
+    # evaluate the bounds: the pieces cover [0, 64) once, in order
+    from polytile.affine.ir import Op as _Op
+
+    def ev(e):
+        if isinstance(e, Const):
+            return e.value
+        a = [ev(x) for x in e.args]
+        return {"maximum": max, "minimum": min, "add": lambda x, y: x + y}[e.fn](*a) if e.fn != "floordiv" \
+            else a[0] // a[1]
+    spans = [(ev(f.lo), ev(f.hi)) for f in loops]
+    assert spans == [(0, 3), (3, 40), (40, 64)]
+    assert all(isinstance(f.lo, (Const, _Op)) for f in loops)
+
+
+def test_divmod_simplifies_only_within_one_step():
+    flat = _lin(jo=32, jj=1)
+    fd = Op("floordiv", (flat, c(32)), INDEX)
+    md = Op("remainder", (flat, c(32)), INDEX)
+    assert linear_form(simplify_divmod(fd, {"jj": (0, 32)})) == ({"jo": 1}, 0)
+    assert linear_form(simplify_divmod(md, {"jj": (0, 32)})) == ({"jj": 1}, 0)
+    # jj over two rows of 16: (32 jo + jj) // 16 is 2 jo or 2 jo + 1
+    assert simplify_divmod(Op("floordiv", (flat, c(16)), INDEX), {"jj": (0, 32)}) == \
+        Op("floordiv", (flat, c(16)), INDEX)
+    assert simplify_divmod(fd, {}) == fd  # jj's range unknown
+
+
+def _compile(fn, args, **opts):
+    torch._dynamo.reset()
+    polytile.reset_stats()
+    return torch.compile(fn, backend="polytile", options={"fallback": False, **opts})(*args)
+
+
+def test_global_average_pool_reduces_in_one_loop(tmp_path):
+    x, b = torch.randn(4, 40, 7, 7), torch.randn(40, 1, 1)
+
+    def fn(x, b):
+        return torch.relu(x + b).mean((2, 3))
+
+    out = _compile(fn, (x, b), dump_dir=str(tmp_path))
+    assert_accurate(out, fn(x, b), lambda: fp64_reference(fn, (x, b)), 1e-5)
+    src = next(tmp_path.rglob("*kernel.c")).read_text()
+    assert "< INT64_C(49); ++" in src  # the 7 x 7 pixels of a channel in one loop
+
+
+def test_padded_image_pack_is_split_not_selected(tmp_path):
+    # a 3-channel NHWC image, 3x3 padding 1: its im2col pack walks panels of one output row
+    x = torch.randn(4, 32, 32, 3)
+    w = torch.randn(32, 3, 3, 3)
+
+    def fn(x, w):
+        return F.conv2d(x.permute(0, 3, 1, 2), w, padding=1)
+
+    out = _compile(fn, (x, w), dump_dir=str(tmp_path))
+    assert_accurate(out, fn(x, w), lambda: fp64_reference(fn, (x, w)), 1e-4)
+    src = next(tmp_path.rglob("*kernel.c")).read_text()
+    pack = src[src.index("_pack(int pt_nthreads"):]
+    pack = pack[:pack.index("\n}\n")]
+    assert "pt_floordiv_i" not in pack and "pt_mod_i" not in pack
