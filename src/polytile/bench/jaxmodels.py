@@ -247,9 +247,9 @@ NOTES = """Notes:
   cores from XLA's thread pool when XLA runs right after, which made jax.jit look up to 1.5x slower
   than on its own (this is also a real cost when a program interleaves polytile and XLA calls).
 - The CNN uses "SAME" padding; its two stride-2 convolutions pad asymmetrically (0, 1), which
-  conv2d takes as ``padding_hi`` (no separate pad pass). Its conv kernels run at 200-270 GFLOP/s
-  against a measured FMA peak near 420 on this machine: few output channels (32-128 rows per
-  image) leave each packed im2col panel to few row tiles."""
+  conv2d takes as ``padding_hi`` (no separate pad pass). Its three larger conv kernels run at 270-310 GFLOP/s
+  (``options={"profile": True}``) against a measured FMA peak near 420 on this machine; the
+  weights are packed again on every call (about 4% of the time: jax passes them as arguments)."""
 
 
 def environment() -> dict[str, Any]:
