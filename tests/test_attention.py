@@ -106,9 +106,22 @@ def test_constant_scale_folded_into_the_q_tile(tmp_path):
     assert c in head and c not in tiles
 
 
+def test_key_major_scores_from_32_query_rows(tmp_path):
+    """From COLS_MIN_ROWS query rows the score tile is s[key][query]: the per-query max and sum
+    run down its columns (no per-row reduction) and the rescale factors are vector exps."""
+    from polytile.affine.build_attention import COLS_MIN_ROWS
+
+    for L, name in ((COLS_MIN_ROWS - 1, "rows"), (COLS_MIN_ROWS, "cols")):
+        _run(_sdpa(False), _qkv(1, 2, 2, L, 70, 32), dump_dir=str(tmp_path / name))
+    rows, cols = _attention_kernel(tmp_path / "rows"), _attention_kernel(tmp_path / "cols")
+    assert "reduction(max:" in rows and "reduction(max:" not in cols
+    assert "&al[" in cols and "pt_exp_f32x" in cols.split("&al[", 1)[1].split(";", 1)[0]
+
+
+@pytest.mark.parametrize("L", [20, 33])  # the row-major and the key-major score tile
 @pytest.mark.parametrize("kind", ["additive", "bool", "bool_row_masked", "additive_bcast_heads"])
-def test_attention_masks(kind):
-    B, H, L, S, D = 2, 4, 33, 45, 32
+def test_attention_masks(kind, L):
+    B, H, S, D = 2, 4, 45, 32
     q, k, v = _qkv(B, H, H, L, S, D)
     if kind == "additive":
         m = torch.randn(B, H, L, S)
