@@ -268,7 +268,9 @@ void vexp(const float* x, float* y, long n) {{
     assert rel.max() < 5e-7, rel.max()
     assert torch.equal(torch.isnan(y), torch.isnan(x))
     assert (y[x == -math.inf] == 0).all() and (y[x == math.inf] == math.inf).all()
-    assert (y[(x < -87.33) & ~torch.isnan(x)] == 0).all()
+    # below the normal range: 0 (portable form) or libm's denormal (AVX-512 vscalefps), never more
+    tiny = (x < -87.33) & ~torch.isnan(x)
+    assert ((y[tiny] >= 0) & (y[tiny].double() <= ref[tiny] * (1 + 1e-6) + 1e-44)).all()
 
 
 def test_constant_evaluation_of_deep_graphs_neither_recurses_nor_guesses():

@@ -251,11 +251,12 @@ def lower_attention(b, n: Node, target: Target, threads: int) -> tuple[list[Stmt
                                    Store("ms", r, _f("where", Op("eq", (mnew, NEG_INF), "bool"), Const(0.0, F32),
                                                      mnew)))),
             For("y", c(0), c(nq), (Store("al", yv, _f("exp", _f("sub", vld("mrow"), vld("ms"), dtype=vt), dtype=vt)),)),
-            For("j", c(0), c(width), (For("y", c(0), c(nq), (
-                Store("s", sv, _f("exp", _f("sub", Load("s", sv, vt), vld("ms"), dtype=vt), dtype=vt)),)),)),
+            # p = exp(s - ms), summed per query as it is stored
             For("r", c(0), c(BR), (Store("ps", r, Const(0.0, F32)),)),
-            For("j", c(0), c(width), (For("r", c(0), c(BR), (
-                Store("ps", r, _f("add", ld("ps"), Load("s", sidx, F32))),)),)),
+            For("j", c(0), c(width), (For("y", c(0), c(nq), (
+                Let("pv", vt, _f("exp", _f("sub", Load("s", sv, vt), vld("ms"), dtype=vt), dtype=vt)),
+                Store("s", sv, Var("pv", vt)),
+                Store("ps", yv, _f("add", vld("ps"), Var("pv", vt), dtype=vt)))),)),
             For("r", c(0), c(BR), (Store("lrow", r, _f("add", _f("mul", ld("lrow"), ld("al")), ld("ps"))),
                                    Store("mrow", r, ld("mx")))),
         ]

@@ -73,7 +73,29 @@ static inline float pt_erfinv_f(float y) {
   return (float)x;
 }
 """
-PRELUDE = _PRELUDE_HEAD + "".join(_VECTOR_EXP.format(n=n) for n in (4, 8, 16)) + _PRELUDE_TAIL
+# with AVX-512 the 16-lane exp clamps with max/min (NaN kept: they return their second operand
+# when one is NaN), rounds with vrndscaleps and scales by 2^n with vscalefps, which gives 0 and
+# inf at the ends of the range by itself (max relative error 1.2e-7 over [-87, 88.7], denormal
+# results as libm's): about half the instructions of the portable one; the attention kernel's
+# exp of every score took 20% of its time with the portable one, 1x12 L512 2.67 -> 2.35 ms
+_AVX512_EXP = r"""#if defined(__AVX512F__)
+#include <immintrin.h>
+static inline pt_f32x16 pt_exp_f32x16(pt_f32x16 x) {
+  __m512 xc = _mm512_min_ps(_mm512_set1_ps(100.0f), _mm512_max_ps(_mm512_set1_ps(-200.0f), (__m512)x));
+  __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(xc, _mm512_set1_ps(1.44269504088896341f)),
+                                  _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), xc);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_fmadd_ps(_mm512_set1_ps(1.9875691500E-4f), r, _mm512_set1_ps(1.3981999507E-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073E-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894E-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459E-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201E-1f));
+  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  return (pt_f32x16)_mm512_scalef_ps(p, n); }
+#else
+""" + _VECTOR_EXP.format(n=16) + "#endif\n"
+PRELUDE = _PRELUDE_HEAD + "".join(_VECTOR_EXP.format(n=n) for n in (4, 8)) + _AVX512_EXP + _PRELUDE_TAIL
 
 
 def _f(fname: str) -> Callable[[list[str], str], str]:
