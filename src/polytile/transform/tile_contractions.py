@@ -311,11 +311,14 @@ def tile_contractions(p: Program, target: Target) -> Program:
         # panel in turn while its rows of X stay in L1 (X read once instead of once per panel)
         rows_outer = not fused and not kc and NJt * K * nr * 4 <= target.l2_bytes // 2
         tout = None
-        if rows_outer and not n.batch and output_along_rows(n) and (M * 4) % OUT_ROWS_ALIAS == 0:
+        if rows_outer and not n.batch and output_along_rows(n) and (M * 4) % OUT_ROWS_ALIAS == 0 \
+                and M * N * 4 <= target.l2_bytes:
             # the output runs along the tile rows and its rows lie a multiple of 2 KB apart (at
             # most two L1 sets for all of them): raw tiles to a row-major temp, the epilogue
             # then writes the output row by row (``out_kernel``); 128x3072x768 linear 4.3 ->
-            # 3.8 ms on one thread, 2.3 -> 2.1 on two; with rows 3 KB apart (768) no gain
+            # 3.8 ms on one thread, 2.3 -> 2.1 on two; with rows 3 KB apart (768) no gain. Only
+            # while the temp stays in the L2: the out kernel reads it down its columns
+            # (128x16384x768 with an 8 MB temp: 14.8 ms, 8.8 without)
             tout = (new_temp(buffers, M * N), N)
         if rows_outer:
             panel = mul(add(mul(add(mul(bl, c(NJt)), Var("jo")), c(K)), R), c(nr))  # Yp[bl][jo][R][0]
