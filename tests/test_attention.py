@@ -118,6 +118,22 @@ def test_key_major_scores_from_32_query_rows(tmp_path):
     assert "&al[" in cols and "pt_exp_f32x" in cols.split("&al[", 1)[1].split(";", 1)[0]
 
 
+def test_key_major_form_reads_k_and_v_in_place(tmp_path):
+    """SDPA's decomposition scales K^T by a constant: the factor moves to the Q tile, K and V are
+    read where they are - no pack kernel, no scaled copy of K. With grouped-query heads the
+    graph's copy of K (expand + clone) is recomputed in the score tile's loads; V's copy stays
+    (vector loads are not fused through a copy)."""
+    def calls(path):
+        src = next(path.rglob("*kernel.c")).read_text()
+        entry = src[src.index("int pt_entry("):]
+        return [ln.split("(")[0].strip() for ln in entry.splitlines() if ln.strip().startswith("k") and "(nthreads" in ln]
+
+    _run(_sdpa(False), _qkv(1, 4, 4, 40, 50, 32), dump_dir=str(tmp_path / "mha"))
+    assert [c.split("_", 1)[1] for c in calls(tmp_path / "mha")] == ["attention"]
+    _run(_sdpa(False, gqa=True), _qkv(1, 4, 2, 40, 50, 32), dump_dir=str(tmp_path / "gqa"))
+    assert [c.split("_", 1)[1] for c in calls(tmp_path / "gqa")] == ["identity", "attention"]
+
+
 @pytest.mark.parametrize("L", [20, 33])  # the row-major and the key-major score tile
 @pytest.mark.parametrize("kind", ["additive", "bool", "bool_row_masked", "additive_bcast_heads"])
 def test_attention_masks(kind, L):

@@ -454,7 +454,8 @@ def _attention(b: _Builder, n: Node) -> None:
     from .build_attention import lower_attention
 
     pack, main = lower_attention(b, n, b.target or detect(), b.threads)
-    b.emit(n, pack, f"pack K, V for {n.op}{list(n.shape)}")
+    if pack:  # the key-major form reads K and V in place when it can
+        b.emit(n, pack, f"pack K, V for {n.op}{list(n.shape)}")
     b.emit(n, main)
 
 

@@ -38,6 +38,7 @@ from ..graph.ir import Node
 from ..target import Target
 from .ir import (INDEX, Alloc, Assign, Const, Expr, For, If, Let, Load, Op, Stmt, Store, Var, add, c, mul,
                  vector_type)
+from .linear import linear_form
 
 F32 = "float32"
 NEG_INF = Const(-math.inf, F32)
@@ -117,11 +118,33 @@ def lower_attention(b, n: Node, target: Target, threads: int) -> tuple[list[Stmt
     steps = list(n.attr("steps"))
     # a constant scale first in the chain is applied to the Q tile as it is packed (q*c).k = c*(q.k)
     qscale = steps.pop(0)[:3:2] if steps and steps[0][0] in ("mul", "div") and steps[0][1] == "c" else None
+    # so is a constant factor of K^T (SDPA's decomposition scales q and k by sqrt(scale) each):
+    # K is then read as it is, without a scaled copy
+    kfac = _constant_factor(kt)
+    if kfac is not None:
+        kt, f = kfac
+        f = f if qscale is None else (f * qscale[1] if qscale[0] == "mul" else f / qscale[1])
+        qscale = ("mul", f)
     SP = -(-S // BC) * BC
-    kbuf, vbuf = b.temp(F32, math.prod(bd) * SP * D), b.temp(F32, math.prod(bd) * SP * DVP)
     bflat: Expr = c(0)
     for k, v_ in enumerate(bvars):
         bflat = add(mul(bflat, c(bd[k])), v_)
+    # the key-major form reads K in place (its elements are broadcast: any layout, grouped-query
+    # heads without a copy) and V too when its rows are contiguous and a whole number of vectors
+    vdirect = False
+    if cols and Dv == DVP:
+        probe = b.read(v, bvars + [Var("_key"), Var("_d")])
+        lf = linear_form(probe.index) if isinstance(probe, Load) else None
+        vdirect = lf is not None and lf[0].get("_d") == 1
+    kbuf = "" if cols else b.temp(F32, math.prod(bd) * SP * D)
+    vbuf = "" if vdirect else b.temp(F32, math.prod(bd) * SP * DVP)
+
+    def vrow(key: Expr, d0: int) -> Load:
+        """VW elements of V's row ``key`` from column d0 (in place or from the packed copy)."""
+        if vdirect:
+            ld = b.read(v, bvars + [key, c(d0)])
+            return Load(ld.buf, ld.index, vt)
+        return Load(vbuf, add(mul(add(mul(bflat, c(SP)), key), c(DVP)), c(d0)), vt)
     causal = [s[2] for s in steps if s[0] == "causal"]
 
     def guarded(cond: bool, test: Expr, st: Store, zero: Store) -> Stmt:
@@ -214,13 +237,12 @@ def lower_attention(b, n: Node, target: Target, threads: int) -> tuple[list[Stmt
         nq = BR // VW
         RK = ts["RK"]
         st: list[Stmt] = []
-        krow0 = mul(add(mul(bflat, c(SP)), j0), c(D))
 
         def score_tile(rows: int, base: Expr) -> tuple[Stmt, ...]:
             # s[base + a][:] = K[j0 + base + a] . Q^T: rows x nq vectors, K broadcast from its rows
             return _register_tile(
                 "s", rows, nq, vt, For("d", c(0), c(D), ()),
-                lambda a: Load(kbuf, add(add(krow0, mul(add(base, c(a)), c(D))), d), F32),
+                lambda a: b.read(kt, bvars + [d, add(j0, add(base, c(a)))]),
                 lambda y: Load("qp", add(mul(d, c(BR)), c(y * VW)), vt),
                 lambda a, y: _f("broadcast", Const(0.0, F32), dtype=vt),
                 lambda a, y, acc: Store("s", add(mul(add(base, c(a)), c(BR)), c(y * VW)), acc))
@@ -263,11 +285,10 @@ def lower_attention(b, n: Node, target: Target, threads: int) -> tuple[list[Stmt
         # o = o * alpha + p . V tile in RV x DVP register tiles (the rescale at the tile's load)
         nv = DVP // VW
         oidx = [[add(mul(add(mul(x, c(RV)), c(a)), c(DVP)), c(y * VW)) for y in range(nv)] for a in range(RV)]
-        vrow0 = mul(add(mul(bflat, c(SP)), add(j0, j)), c(DVP))
         st.append(For("x", c(0), c(BR // RV), _register_tile(
             "o", RV, nv, vt, For("j", c(0), c(width), ()),
             lambda a: Load("s", add(mul(j, c(BR)), add(mul(x, c(RV)), c(a))), F32),
-            lambda y: Load(vbuf, add(vrow0, c(y * VW)), vt),
+            lambda y: vrow(key, y * VW),
             lambda a, y: _f("mul", Load("o", oidx[a][y], vt),
                             _f("broadcast", Load("al", add(mul(x, c(RV)), c(a)), F32), dtype=vt), dtype=vt),
             lambda a, y, acc: Store("o", oidx[a][y], acc))))
@@ -305,22 +326,35 @@ def lower_attention(b, n: Node, target: Target, threads: int) -> tuple[list[Stmt
     nest: list[Stmt] = [For("it", c(0), c(NT), tuple(body), parallel=True)]
     for k in reversed(range(len(bd))):
         nest = [For(bvars[k].name, c(0), c(bd[k]), tuple(nest), parallel=True)]
-    # ---- pack: K^T tiles [batch][S/BC][D][BC] and V rows [batch][S'][Dv'], zeros past S, Dv
+    # ---- pack: K^T tiles [batch][S/BC][D][BC] (row-major form) and V rows [batch][S'][Dv']
+    # (unless read in place), zeros past S, Dv
     key = add(mul(jt, c(BC)), j)
-    kidx = add(mul(add(mul(bflat, c(SP)), key), c(D)), d) if cols else \
-        add(mul(add(mul(add(mul(bflat, c(SP // BC)), jt), c(D)), d), c(BC)), j)
+    kidx = add(mul(add(mul(add(mul(bflat, c(SP // BC)), jt), c(D)), d), c(BC)), j)
     kst, kzero = Store(kbuf, kidx, b.read(kt, bvars + [d, key])), Store(kbuf, kidx, Const(0.0, F32))
-    kpack: Stmt = For("j", c(0), c(BC), (For("d", c(0), c(D), (guarded(S % BC != 0, _lt(key, c(S)), kst, kzero),)),))
+    kpack = [] if cols else \
+        [For("j", c(0), c(BC), (For("d", c(0), c(D), (guarded(S % BC != 0, _lt(key, c(S)), kst, kzero),)),))]
     vidx = add(mul(add(mul(bflat, c(SP)), key), c(DVP)), d)
     vpack: list[Stmt] = [For("d", c(0), c(Dv), (guarded(S % BC != 0, _lt(key, c(S)),
                                                        Store(vbuf, vidx, b.read(v, bvars + [key, d])),
                                                        Store(vbuf, vidx, Const(0.0, F32))),))]
     if DVP > Dv:
         vpack.append(For("d", c(Dv), c(DVP), (Store(vbuf, vidx, Const(0.0, F32)),)))
-    pack: list[Stmt] = [For("jt", c(0), c(SP // BC), (kpack, For("j", c(0), c(BC), tuple(vpack))), parallel=True)]
+    if vdirect:
+        return [], nest
+    pack: list[Stmt] = [For("jt", c(0), c(SP // BC), (*kpack, For("j", c(0), c(BC), tuple(vpack))), parallel=True)]
     for k in reversed(range(len(bd))):
         pack = [For(bvars[k].name, c(0), c(bd[k]), tuple(pack), parallel=True)]
     return pack, nest
+
+
+def _constant_factor(n: Node) -> tuple[Node, float] | None:
+    """(X, c) when ``n`` is X * c with c a float32 scalar constant, else None."""
+    if n.op != "mul" or n.dtype != F32 or len(n.inputs) != 2:
+        return None
+    for a, x in ((n.inputs[0], n.inputs[1]), (n.inputs[1], n.inputs[0])):
+        if a.op == "full" and math.prod(a.shape) == 1 and x.shape == n.shape and x.dtype == F32:
+            return x, float(a.attr("value"))
+    return None
 
 
 def _register_tile(name: str, rows: int, nvec: int, vt: str, loop: For, x_of, y_of, init, store) -> tuple[Stmt, ...]:

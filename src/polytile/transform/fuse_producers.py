@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..affine.ir import Kernel, Load, Program
+from ..affine.ir import Kernel, Load, Program, lanes
 from . import fusion_cost
 from .fusion_util import Context, Uses, finish, join_origin, loads_of, perfect_store, rewrite_loads, subst_vars
 from ..affine import isl as pisl
@@ -56,6 +56,8 @@ def fuse_producers(p: Program) -> Program:
                 count = [0]
 
                 def inline(ld: Load, ctx: Context, count=count) -> object:
+                    if lanes(ld.dtype) > 1:  # a vector load (attention's V rows) is not one point
+                        raise _NoSlice
                     h = pisl.point_slice(ctx.access(t, ld.index, sizes[t], False), write)
                     if h is None:
                         raise _NoSlice

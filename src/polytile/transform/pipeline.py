@@ -11,11 +11,12 @@ from ..affine.ir import Program
 from ..affine.verify import verify_program
 from ..options import Options
 from ..target import resolve as resolve_target
-from . import bounds, coalesce, fuse_epilogues, fuse_loops, fuse_producers, hoist, interchange, parallelize, tile_contractions
+from . import bounds, coalesce, dead, fuse_epilogues, fuse_loops, fuse_producers, hoist, interchange, parallelize, tile_contractions
 
 Pass = tuple[str, Callable[[Program, Options], Program]]
 
 PASSES: list[Pass] = [
+    ("drop_dead_kernels", lambda p, o: dead.drop_dead_kernels(p)),
     ("check_parallel", lambda p, o: parallelize.check_parallel(p)),
     ("fuse_producers", lambda p, o: fuse_producers.fuse_producers(p) if o.fusion and o.fuse_producers else p),
     ("fuse_epilogues", lambda p, o: fuse_epilogues.fuse_epilogues(p) if o.fusion and o.fuse_epilogues else p),
