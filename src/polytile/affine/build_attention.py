@@ -16,7 +16,8 @@ For every batch index and tile of BR query rows (the parallel loops):
                                                     graph asked)
 
 From COLS_MIN_ROWS query rows the tile is held key-major instead, s[BC][BR] with the queries
-along the vectors (Q packed transposed, K rows broadcast): the per-row max and sum become
+along the vectors (Q packed transposed, K read in place and broadcast, V read in place when its
+rows are contiguous: no pack nest then): the per-row max and sum become
 vector max/add down the columns, exp(m_old - m_new) one vector exp per VW queries instead of
 a scalar expf per row, and the o *= alpha pass moves into the load of the output register
 tile. Measured against the row form on this Xeon (two threads): 1x12 L512 D64 3.30 -> 3.03 ms,
