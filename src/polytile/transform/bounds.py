@@ -128,13 +128,19 @@ def _split_select(f: For, ivs: frozenset[str]) -> list[Stmt]:
     # [f.lo, mlo) stores b, [mlo, mhi) the selected value, [max(mlo, mhi), f.hi) b again: the
     # pieces cover the loop's range once, in order, also when the middle one is empty; each
     # bound is a maximum of lower or a minimum of upper bounds, which isl reads as constraints
+    # conjuncts on enclosing loops only choose between two middle loops (one test per range)
+    outer = [cj for cj in keep if _vars(cj) <= ivs]
+    keep = [cj for cj in keep if not _vars(cj) <= ivs]
     mid = Op("where", (_and(keep), v.args[1], v.args[2]), v.dtype) if keep else v.args[1]
     other = replace(st, value=v.args[2])
-    out = []
+    out: list[Stmt] = []
     if lo:
         out.append(replace(f, hi=Op("minimum", (f.hi, mlo), INDEX), body=(other,)))
     if not (isinstance(mid, Load) and mid.buf == st.buf and mid.index == st.index):  # else a no-op copy
-        out.append(replace(f, lo=mlo, hi=mhi, body=(replace(st, value=mid),)))
+        middle: Stmt = replace(f, lo=mlo, hi=mhi, body=(replace(st, value=mid),))
+        if outer:
+            middle = If(_and(outer), (middle,), (replace(f, lo=mlo, hi=mhi, body=(other,)),))
+        out.append(middle)
     if hi:
         out.append(replace(f, lo=Op("maximum", (mlo, mhi), INDEX), body=(other,)))
     return out
