@@ -39,6 +39,10 @@ MIN_ROWS = 4  # rows a blocked long reduction needs to be tiled (a shorter one: 
 OUT_ROWS_ALIAS = 2048  # bytes: output rows this far apart (or a multiple) share few L1 sets
 FUSED_PACK_MIN_PANELS = 8  # panels packed inside the panel loop only when there are this many to share
 # (the panels of all batch iterations: N8 C256 14x14 3x3 conv 9.3 -> 6.7 ms, 4 groups 0.49 -> 0.26)
+FUSED_PACK_MIN_PANELS_IM2COL = 2  # ... for an implicit GEMM (a convolution), whose separate im2col pack
+# costs more: two threads, N1 C512 7x7 3x3 1.15-1.22 -> 0.88 ms, C256 14x14 s2 K512 0.57 -> 0.52,
+# C128 28x28 s2 0.54 -> 0.51 (plain GEMMs with 2-7 panels were slower fused: 2048x128x2048
+# 1.04x -> 0.74x eager)
 FUSED_PACK_MIN_K = 64  # ... and the reduction is at least this long
 
 
@@ -132,7 +136,8 @@ def tile_contractions(p: Program, target: Target) -> Program:
         # and the reduction is long enough (with a short one, e.g. a 1x1 convolution over 32
         # channels, a separate pack pass streams better: measured 4.9 vs 9.4 ms)
         fused = (K * nr * 4 <= target.l2_bytes // 2
-                 and NJt * nbatch >= FUSED_PACK_MIN_PANELS
+                 and NJt * nbatch >= (FUSED_PACK_MIN_PANELS_IM2COL if len(jn) > 1 or n.cond is not None
+                                      else FUSED_PACK_MIN_PANELS)
                  and len(bdeps) == len(n.batch) and K >= FUSED_PACK_MIN_K) or bool(kc)
         pk = "" if fused else new_temp(buffers, nbatch * NJt * K * nr)  # all the packed panels
         jo, jj, ii = "jo", "jj", "ii"
