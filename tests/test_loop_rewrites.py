@@ -74,8 +74,6 @@ def test_select_loop_splits_into_fill_copy_fill():
     assert len(loops) == 3
     assert [type(f.body[0].value).__name__ for f in loops] == ["Const", "Load", "Const"]
     # evaluate the bounds: the pieces cover [0, 64) once, in order
-    from polytile.affine.ir import Op as _Op
-
     def ev(e):
         if isinstance(e, Const):
             return e.value
@@ -84,7 +82,6 @@ def test_select_loop_splits_into_fill_copy_fill():
             else a[0] // a[1]
     spans = [(ev(f.lo), ev(f.hi)) for f in loops]
     assert spans == [(0, 3), (3, 40), (40, 64)]
-    assert all(isinstance(f.lo, (Const, _Op)) for f in loops)
 
 
 def test_divmod_simplifies_only_within_one_step():
@@ -131,3 +128,38 @@ def test_padded_image_pack_is_split_not_selected(tmp_path):
     pack = src[src.index("_pack(int pt_nthreads"):]
     pack = pack[:pack.index("\n}\n")]
     assert "pt_floordiv_i" not in pack and "pt_mod_i" not in pack
+
+
+def test_kernels_writing_only_unread_temps_are_dropped():
+    from polytile.transform.dead import drop_dead_kernels
+
+    i = Var("i")
+    bufs = (Buffer("in0", F32, 8, "input", 0), Buffer("t1", F32, 8, "temp"), Buffer("t2", F32, 8, "temp"),
+            Buffer("out0", F32, 8, "output", 0))
+
+    def k(name, dst, src):
+        return Kernel(name, (For("i", c(0), c(8), (Store(dst, i, Load(src, i, F32)),), parallel=True),))
+
+    # t2 <- in0 (read by nobody), t1 <- in0 (read by the output's kernel), out0 <- t1
+    p = Program(bufs, (k("k0", "t2", "in0"), k("k1", "t1", "in0"), k("k2", "out0", "t1")))
+    q = drop_dead_kernels(p)
+    assert [x.name for x in q.kernels] == ["k1", "k2"]
+    assert "t2" not in {b.name for b in q.buffers} and "t1" in {b.name for b in q.buffers}
+    # a chain that ends in an unread temp goes entirely; kernels writing outputs always stay
+    p = Program(bufs, (k("k0", "t1", "in0"), k("k1", "t2", "t1"), k("k2", "out0", "in0")))
+    assert [x.name for x in drop_dead_kernels(p).kernels] == ["k2"]
+
+
+def test_split_select_tests_on_outer_loops_pick_the_middle_loop():
+    # out[4r + j] = (r >= 1 and j >= 2) ? in0[j] : 0 inside a loop over r: the test on r
+    # chooses between a copy and a fill for j in [2, 4); j < 2 is a fill
+    r, j = Var("r"), Var("j")
+    cond = Op("logical_and", (Op("ge", (r, c(1)), "bool"), Op("ge", (j, c(2)), "bool")), "bool")
+    val = Op("where", (cond, Load("in0", j, F32), Const(0.0, F32)), F32)
+    inner = For("j", c(0), c(4), (Store("out0", _lin(r=4, j=1), val),))
+    p = conditions_to_bounds(_prog([For("r", c(0), c(4), (inner,), parallel=True)]))
+    outer = p.kernels[0].body[0]
+    kinds = [type(s).__name__ for s in outer.body]
+    assert kinds == ["For", "If"]
+    test = outer.body[1]
+    assert isinstance(test.then[0].body[0].value, Load) and isinstance(test.orelse[0].body[0].value, Const)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..affine.ir import INDEX, Const, Expr, For, If, Load, Op, Program, Stmt, Store, c
+from ..affine.ir import INDEX, Expr, For, If, Load, Op, Program, Stmt, Store, c
 from ..affine.linear import linear_form, to_expr
 
 _CMP = ("lt", "le", "gt", "ge")

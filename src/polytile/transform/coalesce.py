@@ -19,7 +19,7 @@ from dataclasses import replace
 from ..affine.ir import Const, Expr, For, If, Load, Program, Stmt, Store, Var, stmt_exprs, trip_count, walk_exprs, \
     walk_stmts
 from ..affine.linear import linear_form, to_expr
-from .fusion_util import map_expr, map_stmt_exprs
+from .fusion_util import map_stmt_exprs
 
 
 def _merged_index(e: Expr, outer: str, inner: str, n_inner: int, merged: str) -> Expr | None:
