@@ -359,3 +359,38 @@ def test_linear_transposed_weight_pack_through_local_tile(m, n, k):
     out, st = _compile(F.linear, (x, w, b))
     assert_accurate(out, F.linear(x, w, b), fp64_reference(F.linear, (x, w, b)), 1e-4)
     assert st["ops_fallen_back"] == {} or not st["ops_fallen_back"]
+
+
+def test_next_row_tile_prefetched_when_x_is_read_in_place():
+    """The swapped linear reads the weight rows (its row operand) in place: each register tile's
+    reduction loop prefetches the next tile's rows, one line per 16 reductions, at addresses
+    made of the tile's own row index; prefetch=False leaves none. Same answer either way."""
+    from polytile.affine.ir import Prefetch
+    from polytile.codegen.c import stmts as c_stmts
+    b = GraphBuilder()
+    x, w = b.input(0, [64, 100], F32), b.input(1, [200, 100], F32)
+    g = b.graph([b.matmul(x, b.transpose(w, 0, 1))])
+    tgt = {"vector_bytes": 32, "vector_registers": 16}
+    main = _pipeline(build(g), target=tgt).kernels[-1]
+    pfs = [(s, f) for f in walk_stmts(main.body) if isinstance(f, For) and f.var == "rflat"
+           for s in walk_stmts(f.body) if isinstance(s, Prefetch)]
+    assert pfs and {s.buf for s, _ in pfs} == {"in1"}  # the weight, not the packed activations
+    mr = len([s for s in walk_stmts(pfs[0][1].body) if isinstance(s, Prefetch)])
+    assert mr >= 2 and all(s.locality == 1 for s, _ in pfs)
+    assert any("__builtin_prefetch(&in1[" in line for line in c_stmts((pfs[0][0],), 0))
+    off = _pipeline(build(g), target=tgt, prefetch=False).kernels[-1]
+    assert not [s for s in walk_stmts(off.body) if isinstance(s, Prefetch)]
+    a, wt = torch.randn(64, 100), torch.randn(200, 100)
+    for pf in (True, False):
+        out, _ = _compile(F.linear, (a, wt), target=tgt, prefetch=pf)
+        assert_accurate(out, F.linear(a, wt), lambda: fp64_reference(F.linear, (a, wt)), 1e-4)
+
+
+def test_packed_row_operand_is_not_prefetched():
+    """X packed into its own panels (a transposed row operand) or read through im2col: no
+    prefetches (the packed panels are read in order; an im2col index is not contiguous)."""
+    from polytile.affine.ir import Prefetch
+    b = GraphBuilder()
+    a, w = b.input(0, [48, 64], F32), b.input(1, [48, 40], F32)
+    p = _pipeline(build(b.graph([b.matmul(b.transpose(a, 0, 1), w)])), target={"vector_bytes": 32, "vector_registers": 16})
+    assert not [s for k in p.kernels for s in walk_stmts(k.body) if isinstance(s, Prefetch)]

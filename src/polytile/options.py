@@ -65,6 +65,9 @@ class Options:
     or written out) into one online-softmax kernel that never stores the score matrix."""
     tile_contractions: bool = True
     """Register-tile and pack matmul-like nests (vector accumulators, packed operand panels)."""
+    prefetch: bool = True
+    """Software prefetches in the register tiles of contractions that read their row operand in
+    place: the next row tile's rows are fetched to the L2 while the current tile runs."""
     profile: bool = False
     """Time every kernel call inside the generated entry point (clock_gettime around each
     call); read the totals with ``polytile.profile()`` / ``polytile.format_profile()``."""
@@ -107,5 +110,5 @@ class Options:
         """The parts of the options that change generated code (not where it is written)."""
         return repr((self.threads, self.cc, self.cflags, self.parallel_min_work, self.fusion, self.fuse_producers,
                      self.fuse_epilogues, self.fuse_loops, self.fuse_siblings, self.fuse_attention,
-                     self.tile_contractions,
+                     self.tile_contractions, self.prefetch,
                      self.profile, sorted((self.target or {}).items())))

@@ -154,7 +154,18 @@ class Alloc:
     size: int
 
 
-Stmt = For | Store | Let | Assign | If | Fail | Alloc
+@dataclass(frozen=True)
+class Prefetch:
+    """A hint that ``buf[index]`` will be read soon (``__builtin_prefetch``): no access, no
+    effect on the program's meaning. ``index`` may lie past the buffer's end (prefetches of
+    any address are harmless), so analyses must not treat it as a read."""
+
+    buf: str
+    index: Expr
+    locality: int = 1  # 0-3 as in __builtin_prefetch: 1 = to the L2 on x86
+
+
+Stmt = For | Store | Let | Assign | If | Fail | Alloc | Prefetch
 
 
 @dataclass(frozen=True)
@@ -207,6 +218,8 @@ def stmt_exprs(s: Stmt) -> Iterator[Expr]:
         yield s.value
     elif isinstance(s, If):
         yield s.cond
+    elif isinstance(s, Prefetch):
+        yield s.index
 
 
 def walk_stmts(body: tuple[Stmt, ...]) -> Iterator[Stmt]:
@@ -287,6 +300,8 @@ def rename_buffers(body: tuple[Stmt, ...], m: dict[str, str]) -> tuple[Stmt, ...
             s = replace(s, value=_rename_expr(s.value, m))
         elif isinstance(s, If):
             s = If(_rename_expr(s.cond, m), rename_buffers(s.then, m), rename_buffers(s.orelse, m))
+        elif isinstance(s, Prefetch):
+            s = Prefetch(m.get(s.buf, s.buf), _rename_expr(s.index, m), s.locality)
         out.append(s)
     return tuple(out)
 
@@ -300,7 +315,7 @@ def canonical_order(body: tuple[Stmt, ...]) -> list[str]:
             for x in walk_exprs(e):
                 if isinstance(x, Load) and x.buf not in local:
                     order.setdefault(x.buf)
-        if isinstance(s, Store) and s.buf not in local:
+        if isinstance(s, (Store, Prefetch)) and s.buf not in local:
             order.setdefault(s.buf)
     return list(order)
 

@@ -1,7 +1,7 @@
 """Text form of the affine IR, in the style of MLIR's affine dialect (for reading and dumps)."""
 from __future__ import annotations
 
-from .ir import lanes, Alloc, Assign, Const, Expr, Fail, For, If, Kernel, Let, Load, Op, Program, Stmt, Store, Var
+from .ir import lanes, Alloc, Assign, Const, Expr, Fail, For, If, Kernel, Let, Load, Op, Prefetch, Program, Stmt, Store, Var
 
 _INFIX = {"add": "+", "sub": "-", "mul": "*", "floordiv": "floordiv", "remainder": "mod"}
 
@@ -50,6 +50,8 @@ def stmts(body: tuple[Stmt, ...], ind: int) -> list[str]:
             out.append(f"{pad}fail {s.code}")
         elif isinstance(s, Alloc):
             out.append(f"{pad}%{s.name} = memref.alloca() : {s.dtype}[{s.size}]")
+        elif isinstance(s, Prefetch):
+            out.append(f"{pad}affine.prefetch %{s.buf}[{expr(s.index)}], read, locality<{s.locality}>")
         else:  # pragma: no cover
             raise TypeError(s)
     return out

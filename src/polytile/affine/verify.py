@@ -1,8 +1,8 @@
 """Verifier of the affine IR: run after every pass when ``Options.verify`` is set."""
 from __future__ import annotations
 
-from .ir import (INDEX, element_type, Alloc, Assign, Const, Expr, Fail, For, If, Let, Load, Op, Program, Stmt, Store, Var,
-                 stmt_exprs, walk_exprs)
+from .ir import (INDEX, element_type, Alloc, Assign, Const, Expr, Fail, For, If, Let, Load, Op, Prefetch, Program, Stmt,
+                 Store, Var, stmt_exprs, walk_exprs)
 
 
 class VerifyError(AssertionError):
@@ -57,6 +57,11 @@ def _verify_body(body, bufs, scalars: dict[str, str], ivs: set[str], where: str,
             if s.name in bufs:
                 raise VerifyError(f"{where}: local array {s.name} shadows a buffer")
             bufs[s.name] = s
+        elif isinstance(s, Prefetch):
+            if s.buf not in bufs:
+                raise VerifyError(f"{where}: prefetch of unknown buffer {s.buf}")
+            if s.index.dtype != INDEX or s.locality not in (0, 1, 2, 3):
+                raise VerifyError(f"{where}: prefetch index of type {s.index.dtype}, locality {s.locality}")
         elif not isinstance(s, Fail):
             raise VerifyError(f"{where}: unknown statement {s!r}")
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 import math
 from typing import Callable
 
-from ..affine.ir import (INDEX, Alloc, Assign, Const, Expr, Fail, For, If, Kernel, Let, Load, Op, Program,
-                         Stmt, Store, Var, buffers_used, canonicalize, lanes, walk_exprs)
+from ..affine.ir import (INDEX, Alloc, Assign, Const, Expr, Fail, For, If, Kernel, Let, Load, Op, Prefetch,
+                         Program, Stmt, Store, Var, buffers_used, canonicalize, lanes, walk_exprs)
 
 CTYPE = {"float32": "float", "float64": "double", "int64": "int64_t", "int32": "int32_t",
          "int16": "int16_t", "int8": "int8_t", "uint8": "uint8_t", "bool": "bool",
@@ -274,6 +274,8 @@ def stmts(body: tuple[Stmt, ...], ind: int) -> list[str]:
             out.append(f"{pad}__atomic_store_n(pt_err, {s.code}, __ATOMIC_RELAXED);")
         elif isinstance(s, Alloc):
             out.append(f"{pad}{CTYPE[s.dtype]} {s.name}[{max(s.size, 1)}] __attribute__((aligned(64)));")
+        elif isinstance(s, Prefetch):
+            out.append(f"{pad}__builtin_prefetch(&{s.buf}[{expr(s.index)}], 0, {s.locality});")
         else:  # pragma: no cover
             raise TypeError(s)
     return out

@@ -6,7 +6,7 @@ from dataclasses import replace
 from typing import Callable, Iterator
 
 from ..affine import isl as pisl
-from ..affine.ir import (Alloc, Assign, Expr, For, If, Kernel, Let, Load, Op, Program, Stmt, Store, Var,
+from ..affine.ir import (Alloc, Assign, Expr, For, If, Kernel, Let, Load, Op, Prefetch, Program, Stmt, Store, Var,
                          buffers_used, stmt_exprs, trip_count, walk_exprs, walk_stmts)
 
 MAX_ORIGIN = 160
@@ -38,6 +38,8 @@ def map_stmt_exprs(body: tuple[Stmt, ...], fn: Callable[[Expr], Expr]) -> tuple[
         elif isinstance(s, If):
             s = replace(s, cond=map_expr(s.cond, fn), then=map_stmt_exprs(s.then, fn),
                         orelse=map_stmt_exprs(s.orelse, fn))
+        elif isinstance(s, Prefetch):
+            s = replace(s, index=map_expr(s.index, fn))
         out.append(s)
     return tuple(out)
 
@@ -110,6 +112,8 @@ def rewrite_loads(body: tuple[Stmt, ...], buf: str, fn: Callable[[Load, Context]
         elif isinstance(s, If):
             s = replace(s, cond=ex(s.cond, ctx), then=rewrite_loads(s.then, buf, fn, ctx.enter_if(s.cond, True)),
                         orelse=rewrite_loads(s.orelse, buf, fn, ctx.enter_if(s.cond, False)))
+        elif isinstance(s, Prefetch):
+            s = replace(s, index=ex(s.index, ctx))
         out.append(s)
     return tuple(out)
 
@@ -242,6 +246,8 @@ def rename_locals(body: tuple[Stmt, ...], m: dict[str, str]) -> tuple[Stmt, ...]
             s = Assign(m.get(s.name, s.name), ex(s.value))
         elif isinstance(s, If):
             s = If(ex(s.cond), rename_locals(s.then, m), rename_locals(s.orelse, m))
+        elif isinstance(s, Prefetch):
+            s = Prefetch(m.get(s.buf, s.buf), ex(s.index), s.locality)
         elif isinstance(s, Alloc):
             s = replace(s, name=m.get(s.name, s.name))
         out.append(s)

@@ -24,7 +24,8 @@ PASSES: list[Pass] = [
                                                       threads=o.threads)
      if o.fusion and (o.fuse_loops or o.fuse_siblings) else p),
     ("check_parallel_fused", lambda p, o: parallelize.check_parallel(p)),
-    ("tile_contractions", lambda p, o: tile_contractions.tile_contractions(p, resolve_target(o.target))
+    ("tile_contractions", lambda p, o: tile_contractions.tile_contractions(
+        p, resolve_target(o.target), prefetch=o.prefetch)
      if o.tile_contractions else p),
     ("sink_parallel_loops", lambda p, o: interchange.sink_parallel_loops(p, tile=512)),
     ("conditions_to_bounds", lambda p, o: bounds.conditions_to_bounds(p)),

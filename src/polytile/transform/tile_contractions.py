@@ -32,7 +32,7 @@ from .dot_form import dot_form
 from .fusion_util import subst_vars
 from .tile_nests import (few_panels_block, out_kernel, output_along_rows, panel_body, row_groups,
                          rows_over_panels, tile_nest, transposed_pack, wrap)
-from .tile_util import new_temp, reduction_blocks
+from .tile_util import drop_prefetches, new_temp, reduction_blocks
 
 MIN_WORK = 32 * 32 * 32  # multiply-adds below which tiling is not worth a packing pass
 MIN_ROWS = 4  # rows a blocked long reduction needs to be tiled (a shorter one: the row-tile minimum)
@@ -77,7 +77,9 @@ def k_block(n: Nest, K: int, nr: int, t: Target) -> int:
     return -(-(-(-K // blocks)) // vw) * vw
 
 
-def tile_contractions(p: Program, target: Target) -> Program:
+def tile_contractions(p: Program, target: Target, prefetch: bool = True) -> Program:
+    """Every matmul-like nest in its tiled form (or the dot form); ``prefetch``: keep the software
+    prefetches of the register tiles (``Options.prefetch``)."""
     mr0, nv0, vw = tile_sizes(target)
     nr0 = nv0 * vw
     vt = vector_type("float32", vw)
@@ -370,7 +372,7 @@ def tile_contractions(p: Program, target: Target) -> Program:
                 for r in rows:  # rows left over: a narrower tile on the same panels
                     roots.append(tile_nest(n, [r], vecs, vw, vt, pk, bl, NJt, K, R, xpack, (jlo, jhi, width),
                                             None, block, nr))
-        kernels.append(replace(k, body=tuple(roots)))
+        kernels.append(replace(k, body=tuple(roots) if prefetch else drop_prefetches(tuple(roots))))
         if tout is not None:
             kernels.append(out_kernel(k, n, tout[0], M, N))
     return replace(p, kernels=tuple(kernels), buffers=tuple(buffers))

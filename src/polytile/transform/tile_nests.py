@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..affine.ir import Alloc, Assign, Const, Expr, For, Kernel, Let, Load, Op, Stmt, Store, Var, add, c, mul
+from ..affine.ir import (Alloc, Assign, Const, Expr, For, If, Kernel, Let, Load, Op, Prefetch, Stmt, Store, Var,
+                        add, c, mul)
 from ..affine.linear import linear_form
 from .contraction_nest import Nest, epilogue_store, in_group
 from .fusion_util import map_expr, subst_vars
@@ -133,6 +134,8 @@ def row_tiles(n: Nest, mr: int, i0: Expr, MI: int, nv: int, vw: int, vt: str, yb
         for y in range(nv):
             prod = Op("mul", (Op("broadcast", (Var(f"xs{x}", "float32"),), vt), Var(f"yv{y}", vt)), vt)
             inner.append(Assign(accs[x][y], Op("add", (Var(accs[x][y], vt), prod), vt)))
+    if xpack is None and MI > 1:
+        inner += next_rows_prefetch(xr, i, row0, mr, R, Rg)
     tile = "ctile"
     body: list[Stmt] = [Alloc(tile, "float32", mr * nr)]
     body += [Let(accs[x][y], vt, Op("broadcast", (Const(0.0, "float32"),), vt)) for x in range(mr) for y in range(nv)]
@@ -164,6 +167,24 @@ def row_tiles(n: Nest, mr: int, i0: Expr, MI: int, nv: int, vw: int, vt: str, yb
         done = _when(final, done, keep)
     body += done
     return For(io, c(0), c(MI), tuple(body), parallel=True)
+
+
+PREFETCH_LINE = 16  # floats per 64-byte cache line
+
+
+def next_rows_prefetch(xr: Expr, i: str, row0: Expr, mr: int, R: Var, Rg: Expr) -> list[Stmt]:
+    """Prefetches (to the L2) of the next row tile's X rows, one line of each row per cache
+    line of reduction, while this tile runs: X read in place streams mr rows at once from
+    memory, which the hardware prefetchers follow poorly (a C experiment on the BERT LM head's
+    kernel, two threads: 28.8 -> 24.0 ms). Only where X is contiguous along the reduction."""
+    if not isinstance(xr, Load):
+        return []
+    fs = linear_form(xr.index)
+    if fs is None or fs[0].get(R.name, 0) != 1:
+        return []
+    pf = tuple(Prefetch(xr.buf, subst_vars(xr.index, {i: add(row0, c(mr + x))})) for x in range(mr))
+    at_line = Op("eq", (Op("remainder", (Rg, c(PREFETCH_LINE)), "int64"), c(0)), "bool")
+    return [If(at_line, pf)]
 
 
 def out_kernel(k: Kernel, n: Nest, tbuf: str, M: int, N: int) -> Kernel:

@@ -1,7 +1,9 @@
 """Small statement builders shared by the contraction tilings."""
 from __future__ import annotations
 
-from ..affine.ir import Buffer, Expr, If, Op, Stmt, Var, c, mul
+from dataclasses import replace
+
+from ..affine.ir import Buffer, Expr, For, If, Op, Prefetch, Stmt, Var, c, mul
 
 
 def when(cond: Expr | bool, then: list[Stmt], orelse: list[Stmt] | None = None) -> list[Stmt]:
@@ -32,3 +34,19 @@ def new_temp(buffers: list, size: int) -> str:
     name = f"pk{sum(1 for x in buffers if x.name.startswith('pk'))}"
     buffers.append(Buffer(name, "float32", size, "temp"))
     return name
+
+
+def drop_prefetches(body: tuple[Stmt, ...]) -> tuple[Stmt, ...]:
+    """``body`` without its Prefetch statements (and the Ifs left empty by them)."""
+    out: list[Stmt] = []
+    for s in body:
+        if isinstance(s, Prefetch):
+            continue
+        if isinstance(s, For):
+            s = replace(s, body=drop_prefetches(s.body))
+        elif isinstance(s, If):
+            s = replace(s, then=drop_prefetches(s.then), orelse=drop_prefetches(s.orelse))
+            if not s.then and not s.orelse:
+                continue
+        out.append(s)
+    return tuple(out)
