@@ -363,23 +363,32 @@ def test_linear_transposed_weight_pack_through_local_tile(m, n, k):
 
 def test_next_row_tile_prefetched_when_x_is_read_in_place():
     """The swapped linear reads the weight rows (its row operand) in place: each register tile's
-    reduction loop prefetches the next tile's rows, one line per 16 reductions, at addresses
-    made of the tile's own row index; prefetch=False leaves none. Same answer either way."""
+    reduction loop prefetches the next tile's rows, one line per 16 reductions, and (its output
+    running along its rows) the output lines the next tile's epilogue writes, one output row per
+    slot; prefetch=False leaves none. Same answer either way."""
     from polytile.affine.ir import Prefetch
     from polytile.codegen.c import stmts as c_stmts
     b = GraphBuilder()
     x, w = b.input(0, [64, 100], F32), b.input(1, [200, 100], F32)
     g = b.graph([b.matmul(x, b.transpose(w, 0, 1))])
-    tgt = {"vector_bytes": 32, "vector_registers": 16}
+    tgt = {"vector_bytes": 32, "vector_registers": 16, "l2_bytes": 64 << 10}  # the weight (80 KB) streams
     main = _pipeline(build(g), target=tgt).kernels[-1]
-    pfs = [(s, f) for f in walk_stmts(main.body) if isinstance(f, For) and f.var == "rflat"
-           for s in walk_stmts(f.body) if isinstance(s, Prefetch)]
-    assert pfs and {s.buf for s, _ in pfs} == {"in1"}  # the weight, not the packed activations
-    mr = len([s for s in walk_stmts(pfs[0][1].body) if isinstance(s, Prefetch)])
-    assert mr >= 2 and all(s.locality == 1 for s, _ in pfs)
-    assert any("__builtin_prefetch(&in1[" in line for line in c_stmts((pfs[0][0],), 0))
+    loops = [f for f in walk_stmts(main.body) if isinstance(f, For) and f.var == "rflat"]
+    pfs = [[s for s in walk_stmts(f.body) if isinstance(s, Prefetch)] for f in loops]
+    assert pfs[0] and not pfs[-1]  # the full row tiles; not the one tile of rows left over (200 % 6)
+    reads = [s for s in pfs[0] if not s.write]
+    writes = [s for s in pfs[0] if s.write]
+    assert {s.buf for s in reads} == {"in1"} and len(reads) >= 2  # the next tile's weight rows
+    assert {s.buf for s in writes} == {"out0"}  # 100 reductions: 6 slots for 16 output rows
+    assert len(writes) == -(-16 // (100 // 16)) and all(s.locality == 1 for s in reads + writes)
+    lines = c_stmts((pfs[0][0], writes[0]), 0)
+    assert "__builtin_prefetch(&in1[" in lines[0] and ", 0, 1);" in lines[0]
+    assert "__builtin_prefetch(&out0[" in lines[1] and ", 1, 1);" in lines[1]
     off = _pipeline(build(g), target=tgt, prefetch=False).kernels[-1]
     assert not [s for s in walk_stmts(off.body) if isinstance(s, Prefetch)]
+    # a weight that stays in the L2 across the panels: the output lines only
+    big = _pipeline(build(g), target={**tgt, "l2_bytes": 2 << 20}).kernels[-1]
+    assert {s.write for s in walk_stmts(big.body) if isinstance(s, Prefetch)} == {True}
     a, wt = torch.randn(64, 100), torch.randn(200, 100)
     for pf in (True, False):
         out, _ = _compile(F.linear, (a, wt), target=tgt, prefetch=pf)
@@ -387,10 +396,10 @@ def test_next_row_tile_prefetched_when_x_is_read_in_place():
 
 
 def test_packed_row_operand_is_not_prefetched():
-    """X packed into its own panels (a transposed row operand) or read through im2col: no
-    prefetches (the packed panels are read in order; an im2col index is not contiguous)."""
+    """X packed into its own panels (a transposed row operand): no prefetches of X (its packed
+    panels are read in order)."""
     from polytile.affine.ir import Prefetch
     b = GraphBuilder()
     a, w = b.input(0, [48, 64], F32), b.input(1, [48, 40], F32)
     p = _pipeline(build(b.graph([b.matmul(b.transpose(a, 0, 1), w)])), target={"vector_bytes": 32, "vector_registers": 16})
-    assert not [s for k in p.kernels for s in walk_stmts(k.body) if isinstance(s, Prefetch)]
+    assert not [s for k in p.kernels for s in walk_stmts(k.body) if isinstance(s, Prefetch) and not s.write]

@@ -163,6 +163,7 @@ class Prefetch:
     buf: str
     index: Expr
     locality: int = 1  # 0-3 as in __builtin_prefetch: 1 = to the L2 on x86
+    write: bool = False  # fetched for writing (prefetchw)
 
 
 Stmt = For | Store | Let | Assign | If | Fail | Alloc | Prefetch
@@ -301,7 +302,7 @@ def rename_buffers(body: tuple[Stmt, ...], m: dict[str, str]) -> tuple[Stmt, ...
         elif isinstance(s, If):
             s = If(_rename_expr(s.cond, m), rename_buffers(s.then, m), rename_buffers(s.orelse, m))
         elif isinstance(s, Prefetch):
-            s = Prefetch(m.get(s.buf, s.buf), _rename_expr(s.index, m), s.locality)
+            s = replace(s, buf=m.get(s.buf, s.buf), index=_rename_expr(s.index, m))
         out.append(s)
     return tuple(out)
 

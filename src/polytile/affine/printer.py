@@ -51,7 +51,8 @@ def stmts(body: tuple[Stmt, ...], ind: int) -> list[str]:
         elif isinstance(s, Alloc):
             out.append(f"{pad}%{s.name} = memref.alloca() : {s.dtype}[{s.size}]")
         elif isinstance(s, Prefetch):
-            out.append(f"{pad}affine.prefetch %{s.buf}[{expr(s.index)}], read, locality<{s.locality}>")
+            out.append(f"{pad}affine.prefetch %{s.buf}[{expr(s.index)}], {'write' if s.write else 'read'}, "
+                       f"locality<{s.locality}>")
         else:  # pragma: no cover
             raise TypeError(s)
     return out

@@ -58,8 +58,10 @@ def _verify_body(body, bufs, scalars: dict[str, str], ivs: set[str], where: str,
                 raise VerifyError(f"{where}: local array {s.name} shadows a buffer")
             bufs[s.name] = s
         elif isinstance(s, Prefetch):
-            if s.buf not in bufs:
-                raise VerifyError(f"{where}: prefetch of unknown buffer {s.buf}")
+            b = bufs.get(s.buf)
+            if b is None or (s.write and getattr(b, "kind", "local") == "input"):
+                raise VerifyError(f"{where}: prefetch{' for writing' if s.write else ''} of "
+                                  f"{'input' if b else 'unknown'} buffer {s.buf}")
             if s.index.dtype != INDEX or s.locality not in (0, 1, 2, 3):
                 raise VerifyError(f"{where}: prefetch index of type {s.index.dtype}, locality {s.locality}")
         elif not isinstance(s, Fail):

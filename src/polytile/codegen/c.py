@@ -275,7 +275,7 @@ def stmts(body: tuple[Stmt, ...], ind: int) -> list[str]:
         elif isinstance(s, Alloc):
             out.append(f"{pad}{CTYPE[s.dtype]} {s.name}[{max(s.size, 1)}] __attribute__((aligned(64)));")
         elif isinstance(s, Prefetch):
-            out.append(f"{pad}__builtin_prefetch(&{s.buf}[{expr(s.index)}], 0, {s.locality});")
+            out.append(f"{pad}__builtin_prefetch(&{s.buf}[{expr(s.index)}], {int(s.write)}, {s.locality});")
         else:  # pragma: no cover
             raise TypeError(s)
     return out

@@ -247,7 +247,7 @@ def rename_locals(body: tuple[Stmt, ...], m: dict[str, str]) -> tuple[Stmt, ...]
         elif isinstance(s, If):
             s = If(ex(s.cond), rename_locals(s.then, m), rename_locals(s.orelse, m))
         elif isinstance(s, Prefetch):
-            s = Prefetch(m.get(s.buf, s.buf), ex(s.index), s.locality)
+            s = replace(s, buf=m.get(s.buf, s.buf), index=ex(s.index))
         elif isinstance(s, Alloc):
             s = replace(s, name=m.get(s.name, s.name))
         out.append(s)

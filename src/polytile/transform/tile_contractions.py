@@ -372,7 +372,12 @@ def tile_contractions(p: Program, target: Target, prefetch: bool = True) -> Prog
                 for r in rows:  # rows left over: a narrower tile on the same panels
                     roots.append(tile_nest(n, [r], vecs, vw, vt, pk, bl, NJt, K, R, xpack, (jlo, jhi, width),
                                             None, block, nr))
-        kernels.append(replace(k, body=tuple(roots) if prefetch else drop_prefetches(tuple(roots))))
+        body = tuple(roots)
+        if not prefetch:
+            body = drop_prefetches(body)
+        elif M * K * 4 <= target.l2_bytes // 2:  # X stays in the L2 across the panels: no row prefetches
+            body = drop_prefetches(body, lambda s: not s.write)
+        kernels.append(replace(k, body=body))
         if tout is not None:
             kernels.append(out_kernel(k, n, tout[0], M, N))
     return replace(p, kernels=tuple(kernels), buffers=tuple(buffers))

@@ -36,16 +36,16 @@ def new_temp(buffers: list, size: int) -> str:
     return name
 
 
-def drop_prefetches(body: tuple[Stmt, ...]) -> tuple[Stmt, ...]:
-    """``body`` without its Prefetch statements (and the Ifs left empty by them)."""
+def drop_prefetches(body: tuple[Stmt, ...], which=lambda s: True) -> tuple[Stmt, ...]:
+    """``body`` without the Prefetch statements ``which`` selects (and Ifs left empty by them)."""
     out: list[Stmt] = []
     for s in body:
-        if isinstance(s, Prefetch):
+        if isinstance(s, Prefetch) and which(s):
             continue
         if isinstance(s, For):
-            s = replace(s, body=drop_prefetches(s.body))
+            s = replace(s, body=drop_prefetches(s.body, which))
         elif isinstance(s, If):
-            s = replace(s, then=drop_prefetches(s.then), orelse=drop_prefetches(s.orelse))
+            s = replace(s, then=drop_prefetches(s.then, which), orelse=drop_prefetches(s.orelse, which))
             if not s.then and not s.orelse:
                 continue
         out.append(s)
