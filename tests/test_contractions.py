@@ -351,7 +351,8 @@ def test_row_blocks_when_the_row_operand_exceeds_the_cache():
     assert_accurate(out, a @ bb, lambda: fp64_reference(torch.mm, (a, bb)), 1e-4)
 
 
-@pytest.mark.parametrize("m,n,k", [(64, 96, 16), (33, 70, 37), (128, 64, 768), (7, 33, 100)])
+@pytest.mark.parametrize("m,n,k", [(64, 96, 16), (33, 70, 37), (128, 64, 768), (7, 33, 100),
+                                   (100, 200, 37), (20, 50, 64), (128, 300, 40)])
 def test_linear_transposed_weight_pack_through_local_tile(m, n, k):
     """A weight contiguous along the reduction (nn.Linear's) is packed through a local
     blocks-of-lanes tile, the reduction tail element by element: results match eager."""
@@ -403,3 +404,17 @@ def test_packed_row_operand_is_not_prefetched():
     a, w = b.input(0, [48, 64], F32), b.input(1, [48, 40], F32)
     p = _pipeline(build(b.graph([b.matmul(b.transpose(a, 0, 1), w)])), target={"vector_bytes": 32, "vector_registers": 16})
     assert not [s for k in p.kernels for s in walk_stmts(k.body) if isinstance(s, Prefetch) and not s.write]
+
+
+def test_partial_last_panel_packed_through_the_local_tile_too():
+    """The swapped linear packs x (100 rows: panels of 48, 48 and 4 columns) through the local
+    tile, the partial last panel as well (its 4 columns, then zeros): no element-wise gather."""
+    b = GraphBuilder()
+    x, w = b.input(0, [100, 64], F32), b.input(1, [300, 64], F32)
+    p = _pipeline(build(b.graph([b.matmul(x, b.transpose(w, 0, 1))])), target={"vector_bytes": 64})
+    pack = p.kernels[0]
+    assert pack.name.endswith("_pack") and pack.origin.startswith("pack in0")
+    tiles = sorted(s.size for s in walk_stmts(pack.body) if isinstance(s, Alloc) and s.name == "tblk")
+    assert tiles == [4 * 16, 48 * 16]
+    zero = [s for s in walk_stmts(pack.body) if isinstance(s, For) and s.var == "jj" and s.lo == Const(4, "int64")]
+    assert zero and zero[0].hi == Const(48, "int64")

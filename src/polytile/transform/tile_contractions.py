@@ -205,9 +205,9 @@ def tile_contractions(p: Program, target: Target, prefetch: bool = True) -> Prog
                 # 0.72 ms, N8 C64 56x56 5.5 -> 5.9; the element loop stays there)
                 pbody = scan_rows(buf, idx, guard)
             step = fy.get(jn[-1], 0)
-            if (not guard and n.cond is None and len(jn) == 1 and len(rn) == 1 and step != 1
-                    and fy.get(rn[0], 0) == 1 and Kp >= vw):
-                return transposed_pack(buf, idx, pval_, rname, Kp, nr, vw, vt, jj)
+            if (n.cond is None and len(jn) == 1 and len(rn) == 1 and step != 1
+                    and fy.get(rn[0], 0) == 1 and Kp >= vw):  # (guard: the last panel, tail columns)
+                return transposed_pack(buf, idx, pval_, rname, Kp, nr, vw, vt, jj, tail if guard else None)
             if not guard and (step == 1 or (step == 2 and n.y.buf in sizes and chunk is None)):
                 # Y walks the panel's columns contiguously when they share their outer coordinates
                 # (pixels of one image row); the condition (padding) is a conjunction of affine
