@@ -163,3 +163,56 @@ def test_split_select_tests_on_outer_loops_pick_the_middle_loop():
     assert kinds == ["For", "If"]
     test = outer.body[1]
     assert isinstance(test.then[0].body[0].value, Load) and isinstance(test.orelse[0].body[0].value, Const)
+
+
+# ---------------------------------------------------------------- tile_transposes
+def _copy(n_rows, n_cols, index, store=None):
+    """out0[i * n_cols + j] = in0[index] + 1 over i < n_rows, j < n_cols."""
+    n = n_rows * n_cols
+    st = Store("out0", store or _lin(i=n_cols, j=1), Op("add", (Load("in0", index, F32), Const(1.0, F32)), F32))
+    body = [For("i", c(0), c(n_rows), (For("j", c(0), c(n_cols), (st,)),), parallel=True)]
+    bufs = (Buffer("in0", F32, n, "input", 0), Buffer("out0", F32, n, "output", 0))
+    return Program(bufs, (Kernel("k", tuple(body)),))
+
+
+def test_transposing_copy_is_tiled_in_cache_line_blocks():
+    from polytile.transform.tile_transposes import tile_transposes
+    p = tile_transposes(_copy(64, 32, _lin(i=1, j=64)))  # out[i][j] = in[j][i] + 1
+    loops = [(f.var, f.hi.value) for f in _loops(p)]
+    assert loops == [("i_b", 4), ("j_b", 2), ("i_t", 16), ("j_t", 16)]
+    assert _loops(p)[0].parallel
+    st = next(s for s in walk_stmts(p.kernels[0].body) if isinstance(s, Store))
+    x = torch.arange(64 * 32, dtype=torch.float32)
+    env = {}
+    for ib in range(4):  # the tiled nest visits every (i, j) exactly once, reading in[j][i]
+        for jb in range(2):
+            for it in range(16):
+                for jt in range(16):
+                    i, j = ib * 16 + it, jb * 16 + jt
+                    vals = {"i_b": ib, "j_b": jb, "i_t": it, "j_t": jt}
+                    sf, lf = linear_form(st.index), linear_form(st.value.args[0].index)
+                    at = sum(k * vals[v] for v, k in sf[0].items()) + sf[1]
+                    src = sum(k * vals[v] for v, k in lf[0].items()) + lf[1]
+                    assert at == i * 32 + j and src == j * 64 + i
+                    env[at] = x[src].item()
+    assert len(env) == 64 * 32
+
+
+def test_copies_that_need_no_tiling_stay_as_they_are():
+    from polytile.transform.tile_transposes import tile_transposes
+    for p in (_copy(64, 32, _lin(i=32, j=1)),  # contiguous read
+              _copy(60, 32, _lin(i=1, j=60)),  # rows not a multiple of 16
+              _copy(64, 32, _lin(i=1, j=64), store=_lin(i=1, j=64))):  # the store is strided along j
+        assert tile_transposes(p) == p
+
+
+def test_transposes_compiled_match_eager():
+    cases = [(lambda x: x.t().contiguous() * 2, torch.randn(256, 128)),
+             (lambda x, w: torch.einsum("ibnd,hnd->ibh", x, w), (torch.randn(32, 1, 4, 16), torch.randn(96, 4, 16))),
+             (lambda x: x.permute(0, 2, 1).contiguous() + 1, torch.randn(3, 48, 32)),
+             (lambda x: x.t().contiguous() + 1, torch.randn(100, 7))]
+    for fn, args in cases:
+        args = args if isinstance(args, tuple) else (args,)
+        torch._dynamo.reset()
+        out = torch.compile(fn, backend="polytile", options={"fallback": False})(*args)
+        assert_accurate(out, fn(*args), lambda: fp64_reference(fn, args), 1e-4)

@@ -11,7 +11,8 @@ from ..affine.ir import Program
 from ..affine.verify import verify_program
 from ..options import Options
 from ..target import resolve as resolve_target
-from . import bounds, coalesce, dead, fuse_epilogues, fuse_loops, fuse_producers, hoist, interchange, parallelize, tile_contractions
+from . import (bounds, coalesce, dead, fuse_epilogues, fuse_loops, fuse_producers, hoist, interchange, parallelize,
+               tile_contractions, tile_transposes)
 
 Pass = tuple[str, Callable[[Program, Options], Program]]
 
@@ -27,6 +28,7 @@ PASSES: list[Pass] = [
     ("tile_contractions", lambda p, o: tile_contractions.tile_contractions(
         p, resolve_target(o.target), prefetch=o.prefetch)
      if o.tile_contractions else p),
+    ("tile_transposes", lambda p, o: tile_transposes.tile_transposes(p)),
     ("sink_parallel_loops", lambda p, o: interchange.sink_parallel_loops(p, tile=512)),
     ("conditions_to_bounds", lambda p, o: bounds.conditions_to_bounds(p)),
     ("hoist_divisors", lambda p, o: hoist.hoist_divisors(p)),
