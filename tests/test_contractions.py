@@ -418,3 +418,29 @@ def test_partial_last_panel_packed_through_the_local_tile_too():
     assert tiles == [4 * 16, 48 * 16]
     zero = [s for s in walk_stmts(pack.body) if isinstance(s, For) and s.var == "jj" and s.lo == Const(4, "int64")]
     assert zero and zero[0].hi == Const(48, "int64")
+
+
+def test_grouped_conv_with_few_channels_per_group_is_tiled():
+    """8 output channels per group (RegNet, ResNeXt) are fewer rows than a register tile: the
+    implicit GEMM of each group is still tiled (one 8-row tile per packed im2col panel), and a
+    small plain product with as few rows is not (its packing would cost more than it saves)."""
+    b = GraphBuilder()
+    x, w = b.input(0, [2, 64, 7, 7], F32), b.input(1, [64, 8, 3, 3], F32)
+    conv = b.node("conv2d", (x, w), stride=(1, 1), padding=(1, 1), dilation=(1, 1), groups=8)
+    p = _pipeline(build(b.graph([conv])))
+    tiles = {s.size for k in p.kernels for s in walk_stmts(k.body) if isinstance(s, Alloc) and s.name == "ctile"}
+    assert tiles and all(t % 8 == 0 and t // 8 >= 16 for t in tiles)  # 8 rows x whole vectors
+    b = GraphBuilder()
+    a, m = b.input(0, [6, 256], F32), b.input(1, [256, 256], F32)
+    p = _pipeline(build(b.graph([b.matmul(a, m)])))
+    assert not [s for k in p.kernels for s in walk_stmts(k.body) if isinstance(s, Alloc) and s.name == "ctile"]
+    for shape, groups in (((2, 64, 7, 7), 8), ((3, 40, 9, 9), 5), ((1, 48, 14, 14), 8)):
+        xs = torch.randn(*shape)
+        ws = torch.randn(shape[1], shape[1] // groups, 3, 3)
+        fn = lambda a, b, g=groups: F.conv2d(a, b, padding=1, groups=g)  # noqa: E731
+        out, _ = _compile(fn, (xs, ws))
+        assert_accurate(out, fn(xs, ws), lambda: fp64_reference(fn, (xs, ws)), 1e-4)
+    for shape in ((8, 768, 3072), (5, 1000, 1000), (4, 300, 64)):
+        xs, ws = torch.randn(shape[0], shape[1]), torch.randn(shape[1], shape[2])
+        out, _ = _compile(torch.mm, (xs, ws))
+        assert_accurate(out, xs @ ws, lambda: fp64_reference(torch.mm, (xs, ws)), 1e-4)

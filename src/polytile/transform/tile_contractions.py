@@ -35,7 +35,8 @@ from .tile_nests import (few_panels_block, out_kernel, output_along_rows, panel_
 from .tile_util import drop_prefetches, new_temp, reduction_blocks
 
 MIN_WORK = 32 * 32 * 32  # multiply-adds below which tiling is not worth a packing pass
-MIN_ROWS = 4  # rows a blocked long reduction needs to be tiled (a shorter one: the row-tile minimum)
+MIN_ROWS = 4  # rows a blocked long reduction, an implicit GEMM or a large product needs to be tiled
+FEW_ROWS_MIN_WORK = 1 << 22  # multiply-adds from which a product with fewer rows than a tile is tiled
 OUT_ROWS_ALIAS = 2048  # bytes: output rows this far apart (or a multiple) share few L1 sets
 FUSED_PACK_MIN_PANELS = 8  # panels packed inside the panel loop only when there are this many to share
 # (the panels of all batch iterations: N8 C256 14x14 3x3 conv 9.3 -> 6.7 ms, 4 groups 0.49 -> 0.26)
@@ -109,7 +110,13 @@ def tile_contractions(p: Program, target: Target, prefetch: bool = True) -> Prog
             continue
         # a reduction too long for a packed panel in L2 runs in blocks of KC (see ``k_block``)
         kc = k_block(n, K, nr0, target) if n is not None else 0
-        if n is None or M < (MIN_ROWS if kc else mr0) or N < (vw if narrow else nr0) \
+        # fewer rows than a register tile: one row tile meets each packed panel, worth it for an
+        # implicit GEMM (its im2col panels are needed anyway: a grouped convolution of 8 channels
+        # per group, N8 C368 7x7 g46, 2.66 -> 0.33 ms) and for products large enough to pay
+        # for the packing (8x768x3072 linear 1.56 -> 0.91 ms; 8x256x256 slower)
+        few_rows_ok = n is not None and (kc or len(n.jloops) > 1 or n.cond is not None
+                                         or M * N * K >= FEW_ROWS_MIN_WORK)
+        if n is None or M < (MIN_ROWS if few_rows_ok else mr0) or N < (vw if narrow else nr0) \
                 or M * N * K * batch_index(n.batch)[0] < MIN_WORK:
             kernels.append(k)
             continue
