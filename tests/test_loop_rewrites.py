@@ -198,10 +198,25 @@ def test_transposing_copy_is_tiled_in_cache_line_blocks():
     assert len(env) == 64 * 32
 
 
+def test_transpose_with_partial_blocks():
+    """Trip counts that 16 does not divide: the last block of each tiled loop is shorter."""
+    from polytile.transform.tile_transposes import tile_transposes
+    p = tile_transposes(_copy(60, 40, _lin(i=1, j=60)))
+    loops = _loops(p)
+    assert [(f.var, f.hi.value if isinstance(f.hi, Const) else "min") for f in loops] == \
+        [("i_b", 4), ("j_b", 3), ("i_t", "min"), ("j_t", "min")]
+    fn = lambda x: x.t().contiguous() + 1  # noqa: E731
+    for shape in ((60, 40), (30522 // 100, 37), (17, 129)):
+        x = torch.randn(*shape)
+        torch._dynamo.reset()
+        out = torch.compile(fn, backend="polytile", options={"fallback": False})(x)
+        assert torch.equal(out, fn(x))
+
+
 def test_copies_that_need_no_tiling_stay_as_they_are():
     from polytile.transform.tile_transposes import tile_transposes
     for p in (_copy(64, 32, _lin(i=32, j=1)),  # contiguous read
-              _copy(60, 32, _lin(i=1, j=60)),  # rows not a multiple of 16
+              _copy(64, 8, _lin(i=1, j=64)),  # fewer columns than a block
               _copy(64, 32, _lin(i=1, j=64), store=_lin(i=1, j=64))):  # the store is strided along j
         assert tile_transposes(p) == p
 

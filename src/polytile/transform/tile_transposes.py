@@ -10,7 +10,8 @@ floats):
   ==>
     for ub, ..., vb:  for ui < B, vi < B:  (u = ub*B + ui, v = vb*B + vi)
 
-so each B x B block reads B lines and writes B lines, all used whole. Legal for any nest
+so each B x B block reads B lines and writes B lines, all used whole (the last block of a
+loop whose trip count B does not divide is shorter). Legal for any nest
 whose single statement stores a buffer it does not read, at an index that uses every loop
 (distinct iterations write distinct elements, so their order does not matter).
 """
@@ -18,7 +19,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..affine.ir import Const, For, Load, Program, Stmt, Store, Var, add, c, lanes, mul, trip_count, walk_exprs
+from ..affine.ir import (INDEX, Const, Expr, For, Load, Op, Program, Stmt, Store, Var, add, c, lanes, mul,
+                        trip_count, walk_exprs)
 from ..affine.linear import linear_form
 from .fusion_util import map_stmt_exprs
 
@@ -60,7 +62,7 @@ def tile_transpose(f: For) -> For:
     if sf is None or len(real) < 2 or any(sf[0].get(loop.var, 0) == 0 for loop in real):
         return f
     v = real[-1]
-    if sf[0].get(v.var) != 1 or trips[v.var] % B:
+    if sf[0].get(v.var) != 1 or trips[v.var] < B:
         return f
     u = None
     for x in loads:
@@ -68,7 +70,7 @@ def tile_transpose(f: For) -> For:
         if lf is None or abs(lf[0].get(v.var, 0)) < B:
             continue
         cands = [loop for loop in real[:-1]
-                 if lf[0].get(loop.var, 0) == 1 and trips[loop.var] % B == 0 and abs(sf[0][loop.var]) >= B]
+                 if lf[0].get(loop.var, 0) == 1 and trips[loop.var] >= B and abs(sf[0][loop.var]) >= B]
         if cands:
             u = cands[-1]
             break
@@ -80,10 +82,17 @@ def tile_transpose(f: For) -> For:
     at = chain.index(v)
     for loop in reversed(chain[at + 1:]):  # one-trip loops inside v
         body = (replace(loop, body=body),)
-    body = (For(ui, c(0), c(B), (For(vi, c(0), c(B), body),)),)
-    body = (replace(v, var=vb, hi=c(trips[v.var] // B), body=body),)
+    body = (For(ui, c(0), _block(ub, trips[u.var]), (For(vi, c(0), _block(vb, trips[v.var]), body),)),)
+    body = (replace(v, var=vb, hi=c(-(-trips[v.var] // B)), body=body),)
     for loop in reversed(chain[:at]):
         if loop is u:
-            loop = replace(loop, var=ub, hi=c(trips[u.var] // B))
+            loop = replace(loop, var=ub, hi=c(-(-trips[u.var] // B)))
         body = (replace(loop, body=body),)
     return body[0]
+
+
+def _block(var: str, n: int) -> Expr:
+    """The extent of block ``var`` of a loop of n: B, or what is left in the last block."""
+    if n % B == 0:
+        return c(B)
+    return Op("minimum", (c(B), add(c(n), mul(Var(var), c(-B)))), INDEX)
