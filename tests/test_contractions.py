@@ -411,7 +411,8 @@ def test_partial_last_panel_packed_through_the_local_tile_too():
     tile, the partial last panel as well (its 4 columns, then zeros): no element-wise gather."""
     b = GraphBuilder()
     x, w = b.input(0, [100, 64], F32), b.input(1, [300, 64], F32)
-    p = _pipeline(build(b.graph([b.matmul(x, b.transpose(w, 0, 1))])), target={"vector_bytes": 64})
+    p = _pipeline(build(b.graph([b.matmul(x, b.transpose(w, 0, 1))])),
+                  target={"vector_bytes": 64, "vector_registers": 32, "cores": 1})  # one core: 9 x 3 tiles
     pack = p.kernels[0]
     assert pack.name.endswith("_pack") and pack.origin.startswith("pack in0")
     tiles = sorted(s.size for s in walk_stmts(pack.body) if isinstance(s, Alloc) and s.name == "tblk")
@@ -444,3 +445,26 @@ def test_grouped_conv_with_few_channels_per_group_is_tiled():
         xs, ws = torch.randn(shape[0], shape[1]), torch.randn(shape[1], shape[2])
         out, _ = _compile(torch.mm, (xs, ws))
         assert_accurate(out, xs @ ws, lambda: fp64_reference(torch.mm, (xs, ws)), 1e-4)
+
+
+def test_panel_width_balances_the_cores():
+    """N = 512 over two cores: 11 panels of 48 columns would leave one core 6 of them (288
+    columns), so the 2-vector panels (16 of 32) are used; N = 1024 (22 vs 32 panels: 528 vs
+    512 columns) keeps 3-vector panels, as does one core, and so do panels that all fit in
+    the L2 (the row tiles are shared over the cores then)."""
+    def widths(n_cols, cores):
+        b = GraphBuilder()
+        x, w = b.input(0, [512, 256], F32), b.input(1, [256, n_cols], F32)
+        p = _pipeline(build(b.graph([b.matmul(x, w)])), target={"vector_bytes": 64, "vector_registers": 32,
+                                                                 "cores": cores, "l2_bytes": 256 << 10})
+        return {s.size // 16 for k in p.kernels for s in walk_stmts(k.body) if isinstance(s, Alloc) and s.name == "ctile"}
+    # (register tiles of 14 x 2 or 9 x 3 vectors, and the 512 % 14 or 512 % 9 rows left over)
+    assert widths(512, 2) == {14 * 2, 8 * 2}
+    assert 9 * 3 in widths(1024, 2) and 9 * 3 in widths(512, 1)
+    b = GraphBuilder()
+    x, w = b.input(0, [512, 64], F32), b.input(1, [64, 512], F32)  # 11 panels of 64 x 48: 135 KB
+    p = _pipeline(build(b.graph([b.matmul(x, w)])), target={"vector_bytes": 64, "vector_registers": 32, "cores": 2})
+    assert 9 * 3 * 16 in {s.size for k in p.kernels for s in walk_stmts(k.body) if isinstance(s, Alloc)}
+    a, m = torch.randn(100, 64), torch.randn(64, 512)
+    out, _ = _compile(torch.mm, (a, m))
+    assert_accurate(out, a @ m, lambda: fp64_reference(torch.mm, (a, m)), 1e-4)

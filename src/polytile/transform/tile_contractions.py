@@ -55,14 +55,32 @@ def tile_sizes(t: Target) -> tuple[int, int, int]:
     return mr, nv, vw
 
 
-def wide_tile(t: Target, mr: int, nv: int, vw: int, N: int) -> tuple[int, int]:
+def wide_tile(t: Target, mr: int, nv: int, vw: int, N: int, K: int) -> tuple[int, int]:
     """(MR, NV) for a nest with N columns: with 32 vector registers and columns for it, a 9 x 3
     vector tile instead of 14 x 2 (each panel then meets all of X once per 48 columns, not 32:
     measured +4-12% on 10 of 12 GEMM shapes on an AVX-512 Xeon, -2% on one). Matmul-like nests
     only (one column loop): on convolutions (pixels as columns) it was mixed, -10 to +50%."""
-    if t.vector_registers >= 32 and N >= 3 * vw:
+    # the panels shared over the cores unless they all fit in the L2 (then the row tiles are,
+    # see ``rows_outer``)
+    panels_shared = -(-N // (3 * vw)) * K * 3 * vw * 4 > t.l2_bytes // 2
+    if t.vector_registers >= 32 and N >= 3 * vw and not (panels_shared and _unbalanced(N, 3 * vw, nv * vw, t.cores)):
         return (t.vector_registers - 3 - 1) // 3, 3
     return mr, nv
+
+
+def _unbalanced(N: int, wide: int, narrow: int, cores: int) -> bool:
+    """Whether panels of ``wide`` columns, shared over the cores in contiguous chunks (OpenMP's
+    static schedule), leave the busiest core more than 1/12 more columns to compute than panels
+    of ``narrow`` do (a partial last panel computes only the vectors it has columns for).
+    N = 512 over two cores: 11 panels of 48, six on one core, 288 columns, against 8 + 8
+    panels of 32, 256 columns."""
+    def busiest(nr: int) -> int:
+        panels = -(-N // nr)
+        cols = [nr] * (panels - 1) + [-(-(N - (panels - 1) * nr) // 16) * 16]
+        chunk = -(-panels // cores)
+        return max(sum(cols[i:i + chunk]) for i in range(0, panels, chunk))
+
+    return 12 * busiest(wide) > 13 * busiest(narrow)
 
 
 def k_block(n: Nest, K: int, nr: int, t: Target) -> int:
@@ -120,7 +138,7 @@ def tile_contractions(p: Program, target: Target, prefetch: bool = True) -> Prog
                 or M * N * K * batch_index(n.batch)[0] < MIN_WORK:
             kernels.append(k)
             continue
-        mr, nv = wide_tile(target, mr0, nv0, vw, N) if len(n.jloops) == 1 else (mr0, nv0)
+        mr, nv = wide_tile(target, mr0, nv0, vw, N, K) if len(n.jloops) == 1 else (mr0, nv0)
         if N < nv * vw:
             nv = N // vw
             mr = min(max(mr, mr0), (target.vector_registers - nv - 1) // nv)
