@@ -420,3 +420,41 @@ def test_profile_times_every_kernel_call():
     assert "total over" in text and rows[0]["kernel"][:40] in text
     polytile.profile(reset=True)
     assert polytile.profile() == []
+
+
+def test_boxed_entry_matches_positional():
+    """The list-of-arguments entry AOTAutograd calls gives the same fresh outputs, and checks its
+    argument count."""
+    x, y = torch.randn(8, 8), torch.randn(8, 8)
+    g = compile_fn(_f, x, y)
+    (out,) = g.boxed([x, y])
+    torch.testing.assert_close(out, _f(x, y)[0])
+    assert out.is_contiguous() and out.data_ptr() != g.boxed([x, y])[0].data_ptr()
+    with pytest.raises(InputMismatchError):
+        g.boxed([x])
+
+
+def test_concurrent_calls_from_threads():
+    """Calls from several Python threads share one arena and one argument vector: each call
+    still gets its own inputs' result."""
+    import threading
+
+    x0 = torch.randn(64, 64)
+    ws = [torch.randn(64, 64) for _ in range(4)]
+    g = compile_fn(_chain, x0, *ws)
+    xs = [torch.randn(64, 64) for _ in range(4)]
+    want = [_chain(x, *ws)[0] for x in xs]
+    bad = []
+
+    def work(k):
+        for _ in range(25):
+            got = g(xs[k], *ws)[0]
+            if not torch.allclose(got, want[k], atol=1e-4, rtol=1e-4):
+                bad.append(k)
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not bad

@@ -31,6 +31,29 @@ class TensorSpec:
         return f"{self.dtype}{list(self.shape)} strides {list(self.strides)}"
 
 
+def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    out, acc = [], 1
+    for n in reversed(shape):
+        out.append(acc)
+        acc *= max(n, 1)
+    return tuple(reversed(out))
+
+
+def _empty_maker():
+    """A function (shape, strides, dtype) -> uninitialized CPU tensor: torch's C fast path that
+    compiled Inductor code uses (0.4 us against 1.2 for ``torch.empty``) where this torch has it."""
+    try:
+        from torch._C._dynamo.guards import _empty_strided_cpu
+
+        _empty_strided_cpu((1,), (1,), torch.float32)
+        return _empty_strided_cpu
+    except (ImportError, AttributeError, TypeError, RuntimeError):
+        return lambda shape, strides, dtype: torch.empty_strided(shape, strides, dtype=dtype)
+
+
+_empty = _empty_maker()
+
+
 def _same_strides(t: torch.Tensor, spec: TensorSpec) -> bool:
     return all(s == e or n <= 1 for s, e, n in zip(t.stride(), spec.strides, spec.shape))
 
@@ -58,8 +81,9 @@ class NativeGraph:
         self._nargs = len(inputs) + len(outputs) + 1
         self._argv_type = ctypes.c_void_p * self._nargs
         self._expect = [(dt, s.shape, s.strides) for dt, s in zip(self._in_dtypes, inputs)]
-        self._out_make = [(s.shape, dt) for s, dt in zip(outputs, self._out_dtypes)]
+        self._out_make = [(s.shape, _contiguous_strides(s.shape), dt) for s, dt in zip(outputs, self._out_dtypes)]
         self._lock = threading.Lock()
+        self._argv = self._argv_type()  # filled and used under the lock
 
     def check(self, args) -> None:
         if len(args) != len(self.inputs):
@@ -80,7 +104,7 @@ class NativeGraph:
             return False
         for t, (dt, shape, strides) in zip(args, self._expect):
             if not isinstance(t, torch.Tensor) or t.dtype != dt or t.shape != shape or t.stride() != strides \
-                    or t.device.type != "cpu":
+                    or not t.is_cpu:
                 return False
         return True
 
@@ -89,11 +113,11 @@ class NativeGraph:
             self.check(args)  # raises a precise error unless only size-1 strides differ
         if self.arena is None:
             self.arena = torch.empty(max(self.arena_bytes, 64), dtype=torch.uint8)
-        outs = [torch.empty(shape, dtype=dt) for shape, dt in self._out_make]
-        ptrs = self._argv_type(*[t.data_ptr() for t in args], *[t.data_ptr() for t in outs],
-                               self.arena.data_ptr())
+        outs = [_empty(shape, strides, dt) for shape, strides, dt in self._out_make]
         with self._lock:
-            err = self._fn(ptrs, self.threads)
+            argv = self._argv
+            argv[:] = [*[t.data_ptr() for t in args], *[t.data_ptr() for t in outs], self.arena.data_ptr()]
+            err = self._fn(argv, self.threads)
         if err:
             raise KernelRuntimeError(f"polytile {self.name}: {_ERRORS.get(err, f'kernel error {err}')}")
         return outs

@@ -37,7 +37,8 @@ def _fw_compiler(options: Options):
     def compiler(gm: torch.fx.GraphModule, example_inputs):
         if not _static(example_inputs):
             return make_boxed_func(_specializing(gm, options))
-        return make_boxed_func(compile_aten_graph(gm, example_inputs, options))
+        fn = compile_aten_graph(gm, example_inputs, options)
+        return getattr(fn, "boxed", None) or make_boxed_func(fn)
 
     return compiler
 

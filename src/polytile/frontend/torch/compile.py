@@ -256,13 +256,29 @@ def _make_runner(gm, steps, placeholders, out_node):
         if all(isinstance(m, int) for m in out_maps):
             native = seg.native
 
-            def run_one(*args):
-                if len(args) != nargs:
-                    _arg_count_error(nargs, args)
-                outs = native(*[args[k] for k in in_pos])
-                return [outs[m] for m in out_maps]
+            if in_pos == list(range(nargs)) and out_maps == list(range(len(seg.out_nodes))):
+                def run_one(*args):  # inputs and outputs in the graph's order: no reshuffling
+                    if len(args) != nargs:
+                        _arg_count_error(nargs, args)
+                    return native(*args)
 
+                def run_boxed(args):
+                    if len(args) != nargs:
+                        _arg_count_error(nargs, args)
+                    return native(*args)
+            else:
+                def run_one(*args):
+                    if len(args) != nargs:
+                        _arg_count_error(nargs, args)
+                    outs = native(*[args[k] for k in in_pos])
+                    return [outs[m] for m in out_maps]
+
+                def run_boxed(args):
+                    return run_one(*args)
+
+            run_boxed._boxed_call = True  # AOTAutograd's list-of-arguments convention, one call less
             run_one.steps = steps
+            run_one.boxed = run_boxed
             return run_one
 
     def run(*args):
