@@ -468,3 +468,26 @@ def test_panel_width_balances_the_cores():
     a, m = torch.randn(100, 64), torch.randn(64, 512)
     out, _ = _compile(torch.mm, (a, m))
     assert_accurate(out, a @ m, lambda: fp64_reference(torch.mm, (a, m)), 1e-4)
+
+
+FEW_TOKENS = [(1, 768, 100), (3, 200, 96), (4, 130, 64), (8, 97, 33), (17, 64, 129), (24, 300, 40)]
+
+
+@pytest.mark.parametrize("m,n,k", FEW_TOKENS, ids=[f"{m}x{n}x{k}" for m, n, k in FEW_TOKENS])
+def test_linear_on_few_tokens_streams_the_weight(m, n, k):
+    """x @ w.T with fewer rows of x than 3/4 of a panel (decoding a few tokens): the weight's
+    rows become the tile rows, read in place along the reduction (the dot form, or one-vector
+    panels for 16 tokens), and only x is packed; against eager."""
+    b = GraphBuilder()
+    x, w = b.input(0, [m, k], F32), b.input(1, [n, k], F32)
+    p = _pipeline(build(b.graph([b.matmul(x, b.transpose(w, 0, 1))])))
+    packs = [kk for kk in p.kernels if kk.name.endswith("_pack")]
+    assert len(packs) == 1 and packs[0].origin.startswith("pack in0")
+    main = [kk for kk in p.kernels if not kk.name.endswith("_pack")]
+    w_loads = [e for kk in main for s in walk_stmts(kk.body) for e in _exprs(s)
+               if isinstance(e, Load) and e.buf == "in1"]
+    assert w_loads  # the weight is read in place by the tiles
+    a, wt, bias = torch.randn(m, k), torch.randn(n, k), torch.randn(n)
+    out, _ = _compile(lambda a, w, bb: F.linear(a, w, bb), (a, wt, bias))
+    assert_accurate(out, F.linear(a, wt, bias), lambda: fp64_reference(lambda a, w, bb: F.linear(a, w, bb),
+                                                                        (a, wt, bias)), 1e-4)
