@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 import polytile
 from polytile.affine.build import build
-from polytile.affine.ir import Alloc, Const, For, If, Load, Store, lanes, walk_exprs, walk_stmts
+from polytile.affine.ir import Alloc, Const, For, If, Load, Store, c, lanes, walk_exprs, walk_stmts
 from polytile.graph.builder import GraphBuilder
 from polytile.options import Options
 from polytile.target import detect, resolve
@@ -101,6 +101,9 @@ CONVS = {
     "wide_rows_no_pad": dict(x=(1, 6, 4, 70), w=(9, 6, 2, 3)),
     "wide_rows_stride2_pad1": dict(x=(1, 8, 10, 70), w=(16, 8, 3, 3), stride=2, padding=1),
     "wide_rows_stride2_to_the_end": dict(x=(2, 4, 9, 67), w=(12, 4, 3, 3), stride=2),
+    # small images: the images' pixels become the columns (batch_into_columns)
+    "images_as_columns_7x7": dict(x=(5, 24, 7, 7), w=(40, 24, 3, 3), padding=1),
+    "images_as_columns_5x5_s2": dict(x=(3, 16, 9, 9), w=(20, 16, 3, 3), stride=2, padding=1),
 }
 
 
@@ -491,3 +494,23 @@ def test_linear_on_few_tokens_streams_the_weight(m, n, k):
     out, _ = _compile(lambda a, w, bb: F.linear(a, w, bb), (a, wt, bias))
     assert_accurate(out, F.linear(a, wt, bias), lambda: fp64_reference(lambda a, w, bb: F.linear(a, w, bb),
                                                                         (a, wt, bias)), 1e-4)
+
+
+def test_small_images_pack_panels_across_images():
+    """N8 7 x 7 images, 49 pixels each: two panels of 32 per image would compute 64 columns for
+    49, so the image loop joins the columns (392 of them, 13 panels, one partial) and the
+    weights are the tile rows for all images at once; a 28 x 28 image (784 pixels, whole
+    panels) keeps its image loop outside."""
+    def tiled(shape):
+        b = GraphBuilder()
+        x, w = b.input(0, shape, F32), b.input(1, [64, shape[1], 3, 3], F32)
+        conv = b.node("conv2d", (x, w), stride=(1, 1), padding=(1, 1), dilation=(1, 1), groups=1)
+        (k,) = _pipeline(build(b.graph([conv]))).kernels
+        return k
+    k = tiled([8, 32, 7, 7])
+    panel_loops = [s for s in walk_stmts(k.body) if isinstance(s, For) and s.var == "jo"]
+    assert panel_loops and all(s.hi == c(13) for s in panel_loops)
+    outer = k.body[0]
+    assert isinstance(outer, For) and outer.var != "i0"  # the image loop is not outermost
+    k = tiled([8, 32, 28, 28])
+    assert isinstance(k.body[0], For) and k.body[0].var == "i0"

@@ -92,6 +92,34 @@ def match(k: Kernel) -> Nest | None:
     return None
 
 
+def batch_into_columns(k: Kernel, n: Nest, nr: int, vw: int) -> tuple[Kernel, Nest]:
+    """Batch loops the row operand does not depend on (a convolution's images: the weights are
+    the same for all of them) moved inside the row loop, as the leading column loops, when one
+    batch iteration's columns leave more than 1/8 of the computed columns empty: a 7 x 7 image
+    has 49 pixels, two panels of 32 computed 64 columns per image. With the images' pixels as
+    the columns, a panel spans images and only the last one is partial (two threads, N8 C512
+    7x7 K512 3x3: 9.0 -> 7.7 ms). Not with larger images, whose panels were full anyway: it
+    was slower there (N8 C64 56x56 3x3 7.6 -> 10.0 ms, 7x7 s2 on 224 x 224 9.4 -> 14.7).
+    The loops are parallel and perfectly nested, so any order is legal."""
+    fx = linear_form(n.x.index)[0]
+    moved = [f for f in n.batch if fx.get(f.var, 0) == 0]
+    if not moved:
+        return k, n
+    P = 1
+    for f in n.jloops:
+        P *= trip_count(f)
+    computed = P // nr * nr + -(-(P % nr) // vw) * vw
+    if 8 * (computed - P) <= P:
+        return k, n
+    kept = [f for f in n.batch if f not in moved]
+    body = n.jloops[-1].body
+    for f in reversed([*kept, n.iloop, *moved, *n.jloops]):
+        body = (replace(f, body=body),)
+    k2 = replace(k, body=body)
+    n2 = match(k2)
+    return (k2, n2) if n2 is not None and n2.iloop.var == n.iloop.var else (k, n)
+
+
 def orient(k: Kernel, n: Nest, nr: int) -> tuple[Kernel, Nest]:
     """Swap the row and column loops (both parallel, perfectly nested) when the row operand is
     strided along the reduction and the swap makes the operand to pack along rows smaller or

@@ -27,7 +27,7 @@ from ..affine.ir import (INDEX, Alloc, Const, Expr, For, If, Kernel, Load, Op, P
                          mul, trip_count, vector_type, walk_exprs)
 from ..affine.linear import linear_form, simplify_divmod, to_expr, uses_var
 from ..target import Target
-from .contraction_nest import Nest, batch_index, contiguous, decompose, match, orient, strides
+from .contraction_nest import Nest, batch_into_columns, batch_index, contiguous, decompose, match, orient, strides
 from .dot_form import dot_form
 from .fusion_util import subst_vars
 from .tile_nests import (few_panels_block, out_kernel, output_along_rows, panel_body, row_groups,
@@ -109,6 +109,7 @@ def tile_contractions(p: Program, target: Target, prefetch: bool = True) -> Prog
         n = match(k)
         if n is not None:
             k, n = orient(k, n, nr0)
+            k, n = batch_into_columns(k, n, nr0, vw)
         M = trip_count(n.iloop) if n else 0
         N = K = 1
         if n:
