@@ -79,6 +79,15 @@ def test_attention_odd_sizes(L, S, causal):
     assert st.get("attention_fused", 0) == 1
 
 
+@pytest.mark.parametrize("L,Dv", [(7, 136), (77, 136), (5, 100), (64, 128), (40, 256)])
+def test_wide_values_in_column_chunks(L, Dv):
+    """V wider than four vectors: o += p . V runs over V's columns in chunks of four vectors (the
+    last one partial: 136 = 8.5 vectors, 100 padded to 7), in both the query-major (few rows)
+    and the key-major form; against eager."""
+    st = _run(_sdpa(), _qkv(1, 2, 2, L, 90, 48, Dv))
+    assert st.get("attention_fused", 0) == 1
+
+
 def _attention_kernel(tmp_path) -> str:
     src = next(tmp_path.rglob("*kernel.c")).read_text()
     body = src[src.index("_attention(int pt_nthreads"):]

@@ -218,16 +218,17 @@ def lower_attention(b, n: Node, target: Target, threads: int) -> tuple[list[Stmt
         if width < BC:
             rowwork.append(For("j", c(width), c(BC), (Store("s", sidx, Const(0.0, F32)),)))
         st.append(For("r", c(0), c(BR), (If(_lt(row, c(L)), tuple(rowwork)),) if L % BR else tuple(rowwork)))
-        # o += s . V tile in RV x DVP register tiles
-        nv = DVP // VW
-        oidx = [[add(mul(add(mul(x, c(RV)), c(a)), c(DVP)), c(y * VW)) for y in range(nv)] for a in range(RV)]
+        # o += s . V tile in register tiles of rv rows x up to PV_CHUNK vectors (see _pv_chunks)
         vrow0 = mul(add(mul(bflat, c(SP)), add(j0, j)), c(DVP))
-        st.append(For("x", c(0), c(BR // RV), _register_tile(
-            "o", RV, nv, vt, For("j", c(0), c(width), ()),
-            lambda a: Load("s", add(mul(add(mul(x, c(RV)), c(a)), c(BC)), j), F32),
-            lambda y: Load(vbuf, add(vrow0, c(y * VW)), vt),
-            lambda a, y: Load("o", oidx[a][y], vt),
-            lambda a, y, acc: Store("o", oidx[a][y], acc))))
+        for c0, nv, rv in _pv_chunks(DVP // VW, RV, BR, target.vector_registers):
+            oidx = [[add(mul(add(mul(x, c(rv)), c(a)), c(DVP)), c((c0 + y) * VW)) for y in range(nv)]
+                    for a in range(rv)]
+            st.append(For("x", c(0), c(BR // rv), _register_tile(
+                "o", rv, nv, vt, For("j", c(0), c(width), ()),
+                lambda a, rv=rv: Load("s", add(mul(add(mul(x, c(rv)), c(a)), c(BC)), j), F32),
+                lambda y, c0=c0: Load(vbuf, add(vrow0, c((c0 + y) * VW)), vt),
+                lambda a, y, oidx=oidx: Load("o", oidx[a][y], vt),
+                lambda a, y, acc, oidx=oidx: Store("o", oidx[a][y], acc))))
         return st
 
     def cols_key_tile(j0: Expr, width: int, steps: list) -> list[Stmt]:
@@ -283,16 +284,19 @@ def lower_attention(b, n: Node, target: Target, threads: int) -> tuple[list[Stmt
             For("r", c(0), c(BR), (Store("lrow", r, _f("add", _f("mul", ld("lrow"), ld("al")), ld("ps"))),
                                    Store("mrow", r, ld("mx")))),
         ]
-        # o = o * alpha + p . V tile in RV x DVP register tiles (the rescale at the tile's load)
-        nv = DVP // VW
-        oidx = [[add(mul(add(mul(x, c(RV)), c(a)), c(DVP)), c(y * VW)) for y in range(nv)] for a in range(RV)]
-        st.append(For("x", c(0), c(BR // RV), _register_tile(
-            "o", RV, nv, vt, For("j", c(0), c(width), ()),
-            lambda a: Load("s", add(mul(j, c(BR)), add(mul(x, c(RV)), c(a))), F32),
-            lambda y: vrow(key, y * VW),
-            lambda a, y: _f("mul", Load("o", oidx[a][y], vt),
-                            _f("broadcast", Load("al", add(mul(x, c(RV)), c(a)), F32), dtype=vt), dtype=vt),
-            lambda a, y, acc: Store("o", oidx[a][y], acc))))
+        # o = o * alpha + p . V tile in register tiles of rv rows x up to PV_CHUNK vectors, a
+        # chunk of V's columns at a time (the rescale at the tile's load)
+        for c0, nv, rv in _pv_chunks(DVP // VW, RV, BR, target.vector_registers):
+            oidx = [[add(mul(add(mul(x, c(rv)), c(a)), c(DVP)), c((c0 + y) * VW)) for y in range(nv)]
+                    for a in range(rv)]
+            st.append(For("x", c(0), c(BR // rv), _register_tile(
+                "o", rv, nv, vt, For("j", c(0), c(width), ()),
+                lambda a, rv=rv: Load("s", add(mul(j, c(BR)), add(mul(x, c(rv)), c(a))), F32),
+                lambda y, c0=c0: vrow(key, (c0 + y) * VW),
+                lambda a, y, oidx=oidx, rv=rv: _f("mul", Load("o", oidx[a][y], vt),
+                                                   _f("broadcast", Load("al", add(mul(x, c(rv)), c(a)), F32),
+                                                      dtype=vt), dtype=vt),
+                lambda a, y, acc, oidx=oidx: Store("o", oidx[a][y], acc))))
         return st
 
     jt = Var("jt")
@@ -356,6 +360,28 @@ def _constant_factor(n: Node) -> tuple[Node, float] | None:
         if a.op == "full" and math.prod(a.shape) == 1 and x.shape == n.shape and x.dtype == F32:
             return x, float(a.attr("value"))
     return None
+
+
+PV_CHUNK = 4  # vectors of V's columns per output register tile
+
+
+def _pv_chunks(nv: int, rv: int, br: int, regs: int) -> list[tuple[int, int, int]]:
+    """(first vector, vectors, rows) of each register tile pass of o += p . V over V's DVP
+    columns: with more than PV_CHUNK vectors (Dv = 128: eight) the columns go in chunks of
+    PV_CHUNK, each a loop over all the row groups, so the chunk of the V tile (BC x 64 floats)
+    stays in L1 while the rows pass over it, and the tile has more rows than 2 x 8 vectors
+    (one V load per broadcast before; the V tile came from L2 for every pair of rows).
+    Measured, two threads, 1x16 L1024 D128: see the commit."""
+    if nv <= PV_CHUNK:
+        return [(0, nv, rv)]
+    out = []
+    for c0 in range(0, nv, PV_CHUNK):
+        k = min(PV_CHUNK, nv - c0)
+        rows = min(4, _pow2_at_most(max(1, (regs - k - 2) // k)))
+        while br % rows:
+            rows //= 2
+        out.append((c0, k, max(rows, 1)))
+    return out
 
 
 def _register_tile(name: str, rows: int, nvec: int, vt: str, loop: For, x_of, y_of, init, store) -> tuple[Stmt, ...]:
