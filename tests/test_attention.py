@@ -88,6 +88,17 @@ def test_wide_values_in_column_chunks(L, Dv):
     assert st.get("attention_fused", 0) == 1
 
 
+@pytest.mark.parametrize("L", [64, 100])
+def test_q_tile_transposed_in_registers(tmp_path, L):
+    """Key-major form, Q an input (SDPA's sqrt(scale) factor folded into the pack): Q^T is
+    packed in VW x VW register blocks (vector loads, shuffles, vector stores); a partial last
+    query tile (L = 100) keeps the element loop for its rows; against eager."""
+    _run(_sdpa(False), _qkv(1, 3, 3, L, 50, 32), dump_dir=str(tmp_path / "q"))
+    main = _attention_kernel(tmp_path / "q")
+    head = main.split("for (int64_t jt = ", 1)[0]
+    assert "__builtin_shuffle" in head
+
+
 def _attention_kernel(tmp_path) -> str:
     src = next(tmp_path.rglob("*kernel.c")).read_text()
     body = src[src.index("_attention(int pt_nthreads"):]

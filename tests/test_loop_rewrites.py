@@ -8,8 +8,10 @@ import torch
 import torch.nn.functional as F
 
 import polytile
-from polytile.affine.ir import (INDEX, Buffer, Const, For, Kernel, Load, Op, Program, Store, Var, c, walk_exprs,
-                               walk_stmts)
+import pytest
+
+from polytile.affine.ir import (INDEX, Buffer, Const, For, If, Kernel, Let, Load, Op, Program, Store, Var, c,
+                               walk_exprs, walk_stmts)
 from polytile.affine.linear import linear_form, simplify_divmod
 from polytile.transform.bounds import conditions_to_bounds
 from polytile.transform.coalesce import coalesce_loops
@@ -231,3 +233,46 @@ def test_transposes_compiled_match_eager():
         torch._dynamo.reset()
         out = torch.compile(fn, backend="polytile", options={"fallback": False})(*args)
         assert_accurate(out, fn(*args), lambda: fp64_reference(fn, args), 1e-4)
+
+
+def test_interleave_stages_transpose_a_block():
+    """The shuffle masks of affine.transpose, applied stage by stage as the C renderer does
+    (lanes 0..n-1 from the first vector, n..2n-1 from the second), turn rows into columns."""
+    from polytile.affine.transpose import interleave_mask
+    for n in (4, 8, 16):
+        rows = [[r * n + k for k in range(n)] for r in range(n)]
+        h = n // 2
+        while h >= 1:
+            new = list(rows)
+            for i in range(n):
+                if (i // h) % 2 == 0:
+                    both = rows[i] + rows[i + h]
+                    new[i] = [both[m] for m in interleave_mask(n, h, False)]
+                    new[i + h] = [both[m] for m in interleave_mask(n, h, True)]
+            rows, h = new, h // 2
+        assert rows == [[r * n + k for r in range(n)] for k in range(n)]
+
+
+@pytest.mark.parametrize("vector_bytes", [64, 32, 16])
+def test_pure_transposing_copies_transposed_in_registers(vector_bytes):
+    """Whole blocks of a pure copy go through vector loads, interleave shuffles and vector
+    stores (partial blocks keep the element loops); bit-exact against eager."""
+    from polytile.transform.tile_transposes import tile_transposes
+    vw = vector_bytes // 4
+    st = Store("out0", _lin(i=60, j=1), Load("in0", _lin(i=1, j=60), F32))  # out[i][j] = in[j][i]
+    p = Program((Buffer("in0", F32, 60 * 40, "input", 0), Buffer("out0", F32, 60 * 40, "output", 0)),
+                (Kernel("k", (For("i", c(0), c(60), (For("j", c(0), c(40), (st,)),), parallel=True),)),))
+    q = tile_transposes(p, vw)
+    ops = {e.fn for s in walk_stmts(q.kernels[0].body) if isinstance(s, Let)
+           for e in walk_exprs(s.value) if isinstance(e, Op)}
+    assert {f"interleave_lo{vw // 2}", "interleave_hi1"} <= ops
+    assert any(isinstance(s, If) for s in walk_stmts(q.kernels[0].body))  # 60 x 40: partial blocks
+    cases = [(lambda x: x.t().contiguous(), torch.randn(64, 48)),
+             (lambda x: x.t().contiguous(), torch.randn(61, 35)),
+             (lambda x: x.permute(2, 1, 0).contiguous(), torch.randn(40, 3, 33)),
+             (lambda x: x.permute(0, 2, 1).contiguous(), torch.randn(2, 50, 20))]
+    for fn, x in cases:
+        torch._dynamo.reset()
+        out = torch.compile(fn, backend="polytile",
+                            options={"fallback": False, "target": {"vector_bytes": vector_bytes}})(x)
+        assert torch.equal(out, fn(x))

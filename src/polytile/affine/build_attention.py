@@ -37,6 +37,7 @@ from dataclasses import replace
 
 from ..graph.ir import Node
 from ..target import Target
+from .transpose import transposed_block
 from .ir import (INDEX, Alloc, Assign, Const, Expr, For, If, Let, Load, Op, Stmt, Store, Var, add, c, mul,
                  vector_type)
 from .linear import linear_form
@@ -126,6 +127,12 @@ def lower_attention(b, n: Node, target: Target, threads: int) -> tuple[list[Stmt
         kt, f = kfac
         f = f if qscale is None else (f * qscale[1] if qscale[0] == "mul" else f / qscale[1])
         qscale = ("mul", f)
+    # and a constant factor of Q itself (q * sqrt(scale)): Q is read where it is
+    qfac = _constant_factor(q)
+    if qfac is not None:
+        q, g = qfac
+        qscale = ("mul", g) if qscale is None else \
+            (qscale[0], qscale[1] * g if qscale[0] == "mul" else qscale[1] / g)
     SP = -(-S // BC) * BC
     bflat: Expr = c(0)
     for k, v_ in enumerate(bvars):
@@ -161,8 +168,29 @@ def lower_attention(b, n: Node, target: Target, threads: int) -> tuple[list[Stmt
     if qscale is not None:
         qval = _f(qscale[0], qval, Const(qscale[1], F32))
     qidx = add(mul(d, c(BR)), r) if cols else add(mul(r, c(D)), d)  # key-major form: Q^T
-    body.append(For("r", c(0), c(BR), (For("d", c(0), c(D), (
-        guarded(L % BR != 0, _lt(qrow, c(L)), Store("qp", qidx, qval), Store("qp", qidx, Const(0.0, F32))),)),)))
+    qpack: Stmt = For("r", c(0), c(BR), (For("d", c(0), c(D), (
+        guarded(L % BR != 0, _lt(qrow, c(L)), Store("qp", qidx, qval), Store("qp", qidx, Const(0.0, F32))),)),))
+    if cols and D % VW == 0 and BR % VW == 0 and VW & (VW - 1) == 0:
+        # Q^T in registers, VW x VW blocks (when Q's rows are contiguous along d): the element
+        # loop read a new line per element (1x8 L64 D32 / 8x12 L128 D64: 11% of the kernel)
+        qbase = q
+        while qbase.op == "view":
+            qbase = qbase.inputs[0]
+        # only from a graph input: a computed Q's producer is fused into scalar loads, not these
+        if qbase.op == "input" and _vector_of(b.read(q, bvars + [Var("_row"), Var("_d")]), vt, "_d") is not None:
+            rb, db = Var("rb"), Var("db")
+
+            def qrow_vec(k: int) -> Expr:
+                e = _vector_of(b.read(q, bvars + [add(add(row0, mul(rb, c(VW))), c(k)), mul(db, c(VW))]), vt)
+                return _f(qscale[0], e, Const(qscale[1], F32), dtype=vt) if qscale is not None else e
+
+            blocks: Stmt = For("rb", c(0), c(BR // VW), (For("db", c(0), c(D // VW), tuple(transposed_block(
+                VW, vt, qrow_vec,
+                lambda k, val: Store("qp", add(mul(add(mul(db, c(VW)), c(k)), c(BR)), mul(rb, c(VW))), val),
+                prefix="qt"))),))
+            # a partial last query tile keeps the element loop (rows past L are zeros)
+            qpack = blocks if L % BR == 0 else If(Op("le", (add(row0, c(BR)), c(L)), "bool"), (blocks,), (qpack,))
+    body.append(qpack)
     body.append(For("r", c(0), c(BR), (
         Store("mrow", r, NEG_INF), Store("lrow", r, Const(0.0, F32)),
         For("d", c(0), c(DVP), (Store("o", add(mul(r, c(DVP)), d), Const(0.0, F32)),)))))
@@ -359,6 +387,27 @@ def _constant_factor(n: Node) -> tuple[Node, float] | None:
     for a, x in ((n.inputs[0], n.inputs[1]), (n.inputs[1], n.inputs[0])):
         if a.op == "full" and math.prod(a.shape) == 1 and x.shape == n.shape and x.dtype == F32:
             return x, float(a.attr("value"))
+    return None
+
+
+def _vector_of(e: Expr, vt: str, along: str | None = None) -> Expr | None:
+    """``e`` (Q's element: a load, maybe scaled by constants) as VW consecutive elements along
+    its last index: loads become vector loads, + - * / by constants stay (C broadcasts the
+    scalar); None for anything else, or when ``along`` is given and a load is not contiguous
+    along that variable."""
+    if isinstance(e, Load):
+        if along is not None:
+            lf = linear_form(e.index)
+            if lf is None or lf[0].get(along) != 1:
+                return None
+        return Load(e.buf, e.index, vt)
+    if isinstance(e, Const):
+        return e
+    if isinstance(e, Op) and e.fn in ("add", "sub", "mul", "div") and len(e.args) == 2:
+        args = [_vector_of(a, vt, along) for a in e.args]
+        if any(a is None for a in args) or sum(isinstance(a, Const) for a in args) != 1:
+            return None
+        return Op(e.fn, tuple(args), vt)
     return None
 
 

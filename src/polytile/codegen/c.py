@@ -4,6 +4,7 @@ from __future__ import annotations
 import math
 from typing import Callable
 
+from ..affine.transpose import interleave_mask
 from ..affine.ir import (INDEX, Alloc, Assign, Const, Expr, Fail, For, If, Kernel, Let, Load, Op, Prefetch,
                          Program, Stmt, Store, Var, buffers_used, canonicalize, lanes, walk_exprs)
 
@@ -124,6 +125,11 @@ OPS: dict[str, Callable[[list[str], str, str], str]] = {
     # the even lanes of the concatenation of two vectors (a stride-2 row from two loads)
     "even_lanes": lambda a, d, t: (f"__builtin_shuffle({a[0]}, {a[1]}, (pt_i32x{lanes(d)}){{"
                                    + ", ".join(str(2 * x) for x in range(lanes(d))) + "})"),
+    # two-vector shuffles of an in-register transpose (affine.transpose), h = 1, 2, 4, ... lanes
+    **{f"interleave_{side}{h}": (lambda a, d, t, h=h, hi=side == "hi": (
+        f"__builtin_shuffle({a[0]}, {a[1]}, (pt_i32x{lanes(d)}){{"
+        + ", ".join(str(m) for m in interleave_mask(lanes(d), h, hi)) + "})"))
+       for side in ("lo", "hi") for h in (1, 2, 4, 8, 16, 32)},
     "sub": lambda a, d, t: f"({a[0]} - {a[1]})",
     "mul": lambda a, d, t: f"({a[0]} * {a[1]})",
     "div": lambda a, d, t: f"({a[0]} / {a[1]})" if _isfloat(d) else f"pt_truncdiv_i({a[0]}, {a[1]})",

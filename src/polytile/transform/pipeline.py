@@ -28,7 +28,7 @@ PASSES: list[Pass] = [
     ("tile_contractions", lambda p, o: tile_contractions.tile_contractions(
         p, resolve_target(o.target), prefetch=o.prefetch)
      if o.tile_contractions else p),
-    ("tile_transposes", lambda p, o: tile_transposes.tile_transposes(p)),
+    ("tile_transposes", lambda p, o: tile_transposes.tile_transposes(p, resolve_target(o.target).lanes(4))),
     ("sink_parallel_loops", lambda p, o: interchange.sink_parallel_loops(p, tile=512)),
     ("conditions_to_bounds", lambda p, o: bounds.conditions_to_bounds(p)),
     ("hoist_divisors", lambda p, o: hoist.hoist_divisors(p)),

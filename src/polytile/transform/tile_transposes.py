@@ -19,18 +19,21 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..affine.ir import (INDEX, Const, Expr, For, Load, Op, Program, Stmt, Store, Var, add, c, lanes, mul,
-                        trip_count, walk_exprs)
+from ..affine.ir import (INDEX, Const, Expr, For, If, Load, Op, Program, Stmt, Store, Var, add, c, lanes, mul,
+                        trip_count, vector_type, walk_exprs)
 from ..affine.linear import linear_form
-from .fusion_util import map_stmt_exprs
+from ..affine.transpose import transposed_block
+from .fusion_util import map_stmt_exprs, subst_vars
 
 B = 16  # floats per 64-byte cache line
 
 
-def tile_transposes(p: Program) -> Program:
+def tile_transposes(p: Program, vw: int = 0) -> Program:
+    """Every transposing copy nest tiled; with ``vw`` (vector lanes, a power of two) the whole
+    blocks of pure copies are transposed in registers (``affine.transpose``)."""
     kernels = []
     for k in p.kernels:
-        body = tuple(tile_transpose(s) if isinstance(s, For) else s for s in k.body)
+        body = tuple(tile_transpose(s, vw) if isinstance(s, For) else s for s in k.body)
         kernels.append(k if body == k.body else replace(k, body=body))
     return replace(p, kernels=tuple(kernels))
 
@@ -42,7 +45,7 @@ def _chain(f: For) -> list[For]:
     return out
 
 
-def tile_transpose(f: For) -> For:
+def tile_transpose(f: For, vw: int = 0) -> For:
     """The nest rooted at ``f`` tiled as above, or ``f`` when it is not such a copy."""
     chain = _chain(f)
     st = chain[-1].body[0] if len(chain[-1].body) == 1 else None
@@ -80,9 +83,33 @@ def tile_transpose(f: For) -> For:
     sub = {u.var: add(mul(Var(ub), c(B)), Var(ui)), v.var: add(mul(Var(vb), c(B)), Var(vi))}
     body: tuple[Stmt, ...] = map_stmt_exprs((st,), lambda e: sub.get(e.name, e) if isinstance(e, Var) else e)
     at = chain.index(v)
-    for loop in reversed(chain[at + 1:]):  # one-trip loops inside v
-        body = (replace(loop, body=body),)
-    body = (For(ui, c(0), _block(ub, trips[u.var]), (For(vi, c(0), _block(vb, trips[v.var]), body),)),)
+
+    def inside_v(b: tuple[Stmt, ...]) -> tuple[Stmt, ...]:
+        for loop in reversed(chain[at + 1:]):  # one-trip loops inside v
+            b = (replace(loop, body=b),)
+        return b
+    body = (For(ui, c(0), _block(ub, trips[u.var]), (For(vi, c(0), _block(vb, trips[v.var]), inside_v(body)),)),)
+    if vw and isinstance(st.value, Load) and st.value.dtype == "float32" and B % vw == 0:
+        # a pure copy: whole blocks transposed in registers, vw x vw at a time (the last,
+        # shorter blocks of loops B does not divide keep the element loops)
+        src = st.value
+        vt = vector_type("float32", vw)
+
+        def at_uv(e: Expr, du: Expr, dv: Expr) -> Expr:
+            m = {u.var: add(mul(Var(ub), c(B)), du), v.var: add(mul(Var(vb), c(B)), dv)}
+            return subst_vars(e, m)
+        reg = tuple(transposed_block(
+            vw, vt,
+            lambda k: Load(src.buf, at_uv(src.index, mul(Var(ui), c(vw)), add(mul(Var(vi), c(vw)), c(k))), vt),
+            lambda k, val: Store(st.buf, at_uv(st.index, add(mul(Var(ui), c(vw)), c(k)), mul(Var(vi), c(vw))), val)))
+        reg = (For(ui, c(0), c(B // vw), (For(vi, c(0), c(B // vw), inside_v(reg)),)),)
+        whole = [Op("le", (add(mul(Var(x), c(B)), c(B)), c(trips[y])), "bool")
+                 for x, y in ((ub, u.var), (vb, v.var)) if trips[y] % B]
+        if not whole:
+            body = reg
+        else:
+            test = whole[0] if len(whole) == 1 else Op("logical_and", tuple(whole), "bool")
+            body = (If(test, reg, body),)
     body = (replace(v, var=vb, hi=c(-(-trips[v.var] // B)), body=body),)
     for loop in reversed(chain[:at]):
         if loop is u:
