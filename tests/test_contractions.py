@@ -234,8 +234,8 @@ def test_linear_packs_the_activations_not_the_weight():
 
 def test_swapped_linear_output_rows_far_apart_go_through_a_temp():
     """x @ w.T swapped (see above) with 512 weight rows: the output's rows are 2 KB apart, so
-    the tiles go row-major to a temp and an ``_out`` kernel applies the bias and writes the
-    output row by row; 500 weight rows: tiles store straight to the output; and so do 512
+    the tiles go row-major to a temp (epilogue applied) and an ``_out`` kernel writes the
+    output row by row, transposing blocks in registers; 500 weight rows: tiles store straight to the output; and so do 512
     when the temp (64 x 512 floats) would not fit in the L2 (the out kernel reads it down its
     columns)."""
     for n_out, via_temp, l2 in ((512, True, 2 << 20), (500, False, 2 << 20), (512, False, 64 << 10)):
@@ -244,6 +244,10 @@ def test_swapped_linear_output_rows_far_apart_go_through_a_temp():
         y = b.ew("add", b.matmul(x, b.transpose(w, 0, 1)), bias)
         p = _pipeline(build(b.graph([y])), target={"vector_bytes": 32, "vector_registers": 16, "l2_bytes": l2})
         assert p.kernels[-1].name.endswith("_out") == via_temp
+        if via_temp:  # the out kernel moves 8 x 8 blocks transposed in registers
+            ops = {e.fn for s in walk_stmts(p.kernels[-1].body) if isinstance(s, Let) for e in walk_exprs(s.value)
+                   if isinstance(e, Op)}
+            assert {"interleave_lo4", "interleave_hi1"} <= ops
         a, wt, bb = torch.randn(64, 100), torch.randn(n_out, 100), torch.randn(n_out)
         out, _ = _compile(F.linear, (a, wt, bb), target={"vector_bytes": 32, "vector_registers": 16})
         assert_accurate(out, F.linear(a, wt, bb), lambda: fp64_reference(F.linear, (a, wt, bb)), 1e-4)

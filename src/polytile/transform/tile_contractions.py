@@ -405,5 +405,5 @@ def tile_contractions(p: Program, target: Target, prefetch: bool = True) -> Prog
             body = drop_prefetches(body, lambda s: not s.write)
         kernels.append(replace(k, body=body))
         if tout is not None:
-            kernels.append(out_kernel(k, n, tout[0], M, N))
+            kernels.append(out_kernel(k, n, tout[0], M, N, vw))
     return replace(p, kernels=tuple(kernels), buffers=tuple(buffers))

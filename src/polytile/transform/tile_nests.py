@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..affine.ir import (Alloc, Assign, Const, Expr, For, If, Kernel, Let, Load, Op, Prefetch, Stmt, Store, Var,
-                        add, c, mul)
+                        add, c, mul, vector_type)
 from ..affine.linear import linear_form
 from ..affine.transpose import transposed_block
 from .contraction_nest import Nest, epilogue_store, in_group
@@ -207,7 +207,7 @@ def next_output_prefetch(n: Nest, inext: Expr, j0: Expr, width: int, kc: int, R:
     return out
 
 
-def out_kernel(k: Kernel, n: Nest, tbuf: str, M: int, N: int) -> Kernel:
+def out_kernel(k: Kernel, n: Nest, tbuf: str, M: int, N: int, vw: int = 0) -> Kernel:
     """The output of a nest whose output runs along its rows, from the finished tiles in
     ``tbuf`` (M x N, row-major, epilogue applied by the tiles). Tile stores straight to the
     output put mr-element pieces into rows a multiple of 2 KB apart, all in one or two L1 sets
@@ -221,7 +221,23 @@ def out_kernel(k: Kernel, n: Nest, tbuf: str, M: int, N: int) -> Kernel:
 
     nb = N // PREFETCH_LINE
     body: list[Stmt] = []
-    if nb:
+    oidx = epilogue_store(n, Const(0.0, "float32"), Var("i"), Var("j")).index
+    lf = linear_form(oidx)
+    if nb and vw and PREFETCH_LINE % vw == 0 and M % vw == 0 and vw & (vw - 1) == 0 \
+            and lf is not None and lf[0].get("i") == 1:
+        # vw x vw blocks transposed in registers (affine.transpose): vector loads along the
+        # temp's rows, vector stores along the output's: 128 x 768 x 3072 linear's out kernel
+        # 0.30 -> 0.14 ms, the linear 2.50 -> 2.29 ms on two threads
+        vt = vector_type("float32", vw)
+        j0 = add(mul(Var("jb"), c(PREFETCH_LINE)), mul(Var("tb"), c(vw)))
+        reg = transposed_block(
+            vw, vt,
+            lambda k: Load(tbuf, add(mul(add(mul(Var("ib"), c(vw)), c(k)), c(N)), j0), vt),
+            lambda k, val: Store(n.store.buf, subst_vars(oidx, {"i": mul(Var("ib"), c(vw)), "j": add(j0, c(k))}),
+                                 val))
+        body.append(For("jb", c(0), c(nb), (For("ib", c(0), c(M // vw), (
+            For("tb", c(0), c(PREFETCH_LINE // vw), tuple(reg)),)),), parallel=True))
+    elif nb:
         j = add(mul(Var("jb"), c(PREFETCH_LINE)), Var("t"))
         body.append(For("jb", c(0), c(nb), (For("i", c(0), c(M), (For("t", c(0), c(PREFETCH_LINE), (move(j),)),)),),
                         parallel=True))
