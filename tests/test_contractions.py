@@ -522,3 +522,20 @@ def test_small_images_pack_panels_across_images():
     assert isinstance(outer, For) and outer.var != "i0"  # the image loop is not outermost
     k = tiled([8, 32, 28, 28])
     assert isinstance(k.body[0], For) and k.body[0].var == "i0"
+
+
+def test_few_panels_share_the_l2_in_reduction_blocks():
+    """A long reduction with few panels (128 tokens, K = 16384: four panels of 32) runs in
+    blocks sized for all the panels together, since every row tile meets all of them: a
+    quarter of a 2 MB L2 over 4 x 32 columns is KC = 1024 (one panel alone would get 4096)."""
+    from polytile.transform.contraction_nest import match
+    from polytile.transform.tile_contractions import k_block
+    t = resolve({"l2_bytes": 2 << 20, "vector_bytes": 64, "vector_registers": 32, "cores": 2})
+    b = GraphBuilder()
+    x, w = b.input(0, [128, 16384], F32), b.input(1, [512, 16384], F32)
+    p = build(b.graph([b.matmul(x, b.transpose(w, 0, 1))]))
+    n = match(p.kernels[0])
+    assert k_block(n, 16384, 32, t) == 4096 and k_block(n, 16384, 32, t, 4) == 1024
+    a, wt = torch.randn(64, 4000), torch.randn(200, 4000)  # swapped: 2 panels of 64 tokens
+    out, _ = _compile(lambda a, w: F.linear(a, w), (a, wt), target={"l2_bytes": 65536})
+    assert_accurate(out, F.linear(a, wt), lambda: fp64_reference(lambda a, w: F.linear(a, w), (a, wt)), 1e-4)

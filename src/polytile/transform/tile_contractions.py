@@ -83,15 +83,17 @@ def _unbalanced(N: int, wide: int, narrow: int, cores: int) -> bool:
     return 12 * busiest(wide) > 13 * busiest(narrow)
 
 
-def k_block(n: Nest, K: int, nr: int, t: Target) -> int:
+def k_block(n: Nest, K: int, nr: int, t: Target, panels: int = 1) -> int:
     """KC, the reduction block, when a packed panel of the whole reduction (K x nr) would not fit
     in half the L2 (K = 500000: the panels and the row operand streamed from memory once per
     panel); 0 for no blocking. Matmul-like nests only (one column and one reduction loop, no
-    batch loop, no condition). Blocks of about a quarter of the L2, balanced over K."""
+    batch loop, no condition). Blocks of about a quarter of the L2 for ``panels`` panels
+    together (few panels: every row tile meets all of them, see ``few_panels_block``), balanced
+    over K."""
     if n.batch or n.cond is not None or len(n.jloops) != 1 or len(n.rloops) != 1 or K * nr * 4 <= t.l2_bytes // 2:
         return 0
     vw = t.lanes(4)
-    most = max(vw, t.l2_bytes // 4 // (nr * 4) // vw * vw)
+    most = max(vw, t.l2_bytes // 4 // (panels * nr * 4) // vw * vw)
     blocks = -(-K // most)
     return -(-(-(-K // blocks)) // vw) * vw
 
@@ -146,6 +148,10 @@ def tile_contractions(p: Program, target: Target, prefetch: bool = True) -> Prog
         mr = min(mr, M)
         nr = nv * vw
         kc = k_block(n, K, nr, target)
+        if kc and -(-N // nr) < 4 * target.cores:
+            # few panels: each block of all of them must stay in the L2 together while every row
+            # tile meets them (128x16384x4096, 4 panels: KC 4096 -> 1024, 104 -> 88 ms)
+            kc = k_block(n, K, nr, target, -(-N // nr))
         MI, NJ = M // mr, N // nr
         tail = N % nr  # the last panel is partial: packed with zeros past N, stored up to N
         NJt = NJ + (1 if tail else 0)
