@@ -542,3 +542,17 @@ def test_few_panels_share_the_l2_in_reduction_blocks():
     a, wt = torch.randn(64, 4000), torch.randn(200, 4000)  # swapped: 2 panels of 64 tokens
     out, _ = _compile(lambda a, w: F.linear(a, w), (a, wt), target={"l2_bytes": 65536})
     assert_accurate(out, F.linear(a, wt), lambda: fp64_reference(lambda a, w: F.linear(a, w), (a, wt)), 1e-4)
+
+
+def test_long_reduction_summed_in_chunks_passes_the_accuracy_rule():
+    """K = 4000 in one register tile (no reduction blocks: the panel fits in the L2): the
+    reduction runs in chunks of SUM_CHUNK whose partial sums join the tile's total; a single
+    running sum had three times eager's RMSE and failed the rule."""
+    torch.manual_seed(0)
+    a, wt = torch.randn(64, 4000), torch.randn(200, 4000)
+    out, _ = _compile(lambda a, w: F.linear(a, w), (a, wt), target={"l2_bytes": 2 << 20})
+    assert_accurate(out, F.linear(a, wt), lambda: fp64_reference(lambda a, w: F.linear(a, w), (a, wt)), 1e-4)
+    b = GraphBuilder()
+    x, w = b.input(0, [64, 4000], F32), b.input(1, [200, 4000], F32)
+    p = _pipeline(build(b.graph([b.matmul(x, b.transpose(w, 0, 1))])), target={"l2_bytes": 2 << 20})
+    assert any(isinstance(s, For) and s.var == "rc" for kk in p.kernels for s in walk_stmts(kk.body))

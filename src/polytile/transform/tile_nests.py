@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..affine.ir import (Alloc, Assign, Const, Expr, For, If, Kernel, Let, Load, Op, Prefetch, Stmt, Store, Var,
+from ..affine.ir import (INDEX, Alloc, Assign, Const, Expr, For, If, Kernel, Let, Load, Op, Prefetch, Stmt, Store, Var,
                         add, c, mul, vector_type)
 from ..affine.linear import linear_form
 from ..affine.transpose import transposed_block
@@ -151,14 +151,32 @@ def row_tiles(n: Nest, mr: int, i0: Expr, MI: int, nv: int, vw: int, vt: str, yb
         def at(x: int, y: int) -> Expr:
             return add(add(mul(add(row0, c(x)), c(ldc)), mul(Var(jo), c(step))), c(y * vw))
 
-    body.append(For(R.name, c(0), c(kc), tuple(inner)))
+    chunked = kblock is None and isinstance(kc, int) and kc > 2 * SUM_CHUNK
+    if chunked:
+        # the reduction in chunks whose partial sums join the tile's total in ``ctile`` after
+        # each (two-level summation): one running float32 sum over K = 4000 had three times
+        # eager's RMSE (see the README's accuracy note); one vector add per accumulator per chunk
+        zero = Op("broadcast", (Const(0.0, "float32"),), vt)
+        nck = -(-kc // SUM_CHUNK)
+        lo = mul(Var("rc"), c(SUM_CHUNK))
+        hi: Expr = add(lo, c(SUM_CHUNK)) if kc % SUM_CHUNK == 0 else \
+            Op("minimum", (add(lo, c(SUM_CHUNK)), c(kc)), INDEX)
+        body += [Store(tile, c(x * nr + y * vw), zero) for x in range(mr) for y in range(nv)]
+        body.append(For("rc", c(0), c(nck), (
+            *(Assign(accs[x][y], zero) for x in range(mr) for y in range(nv)),
+            For(R.name, lo, hi, tuple(inner)),
+            *(Store(tile, c(x * nr + y * vw), Op("add", (Load(tile, c(x * nr + y * vw), vt), Var(accs[x][y], vt)),
+                                                      vt)) for x in range(mr) for y in range(nv)))))
+    else:
+        body.append(For(R.name, c(0), c(kc), tuple(inner)))
     if kblock is not None:
         # the block's partial sums start from zero and are added to the earlier blocks' total
         # after it (two-level summation: 128 x 16384 dot products come out with about half the
         # rounding error of one running sum), the same loads as reloading before the block
         body += _when(reload, [Assign(accs[x][y], Op("add", (Var(accs[x][y], vt), Load(cacc, at(x, y), vt)), vt))
                                for x in range(mr) for y in range(nv)])
-    done: list[Stmt] = [Store(tile, c(x * nr + y * vw), Var(accs[x][y], vt)) for x in range(mr) for y in range(nv)]
+    done: list[Stmt] = [] if chunked else \
+        [Store(tile, c(x * nr + y * vw), Var(accs[x][y], vt)) for x in range(mr) for y in range(nv)]
     ivar = add(row0, Var(ii))
     jvar = add(mul(Var(jo), c(step)), Var(jj))
     tval = Load(tile, add(mul(Var(ii), c(nr)), Var(jj)), "float32")
@@ -181,6 +199,7 @@ def row_tiles(n: Nest, mr: int, i0: Expr, MI: int, nv: int, vw: int, vt: str, yb
 
 
 PREFETCH_LINE = 16  # floats per 64-byte cache line
+SUM_CHUNK = 512  # reductions per partial sum of a register tile (``row_tiles``)
 
 
 def next_rows_prefetch(xr: Expr, i: str, row0: Expr, mr: int, R: Var, Rg: Expr) -> list[Stmt]:
