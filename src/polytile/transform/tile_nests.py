@@ -291,13 +291,9 @@ def transposed_pack(buf: str, idx: Expr, pval: Load, r: str, K: int, nr: int, vw
     w = nr if cols is None else cols
     head = subst_vars(pval, {r: mul(Var(rb), c(vw))})
     load = replace(head, dtype=vt)
-    blk = (For(jj, c(0), c(w), (Store("tblk", mul(Var(jj), c(vw)), load),)),
-           For(t, c(0), c(vw), (For(jj, c(0), c(w), (
-               Store(buf, subst_vars(idx, {r: add(mul(Var(rb), c(vw)), Var(t))}),
-                     Load("tblk", add(mul(Var(jj), c(vw)), Var(t)), "float32")),)),)))
-    out: list[Stmt] = [Alloc("tblk", "float32", w * vw), For(rb, c(0), c(kb), blk)]
+    out: list[Stmt]
     if w % vw == 0 and vw & (vw - 1) == 0:
-        # whole vw x vw blocks transposed in registers instead (affine.transpose)
+        # whole vw x vw blocks transposed in registers (affine.transpose)
         jb = "jb"
         reg = transposed_block(
             vw, vt,
@@ -305,6 +301,12 @@ def transposed_pack(buf: str, idx: Expr, pval: Load, r: str, K: int, nr: int, vw
             lambda k, val: Store(buf, subst_vars(idx, {r: add(mul(Var(rb), c(vw)), c(k)),
                                                        jj: mul(Var(jb), c(vw))}), val))
         out = [For(rb, c(0), c(kb), (For(jb, c(0), c(w // vw), tuple(reg)),))]
+    else:
+        blk = (For(jj, c(0), c(w), (Store("tblk", mul(Var(jj), c(vw)), load),)),
+               For(t, c(0), c(vw), (For(jj, c(0), c(w), (
+                   Store(buf, subst_vars(idx, {r: add(mul(Var(rb), c(vw)), Var(t))}),
+                         Load("tblk", add(mul(Var(jj), c(vw)), Var(t)), "float32")),)),)))
+        out = [Alloc("tblk", "float32", w * vw), For(rb, c(0), c(kb), blk)]
     if K % vw:
         out.append(For(r, c(kb * vw), c(K), (For(jj, c(0), c(w), (Store(buf, idx, pval),)),)))
     if w < nr:
