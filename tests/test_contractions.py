@@ -556,3 +556,30 @@ def test_long_reduction_summed_in_chunks_passes_the_accuracy_rule():
     x, w = b.input(0, [64, 4000], F32), b.input(1, [200, 4000], F32)
     p = _pipeline(build(b.graph([b.matmul(x, b.transpose(w, 0, 1))])), target={"l2_bytes": 2 << 20})
     assert any(isinstance(s, For) and s.var == "rc" for kk in p.kernels for s in walk_stmts(kk.body))
+
+
+def test_few_panels_split_the_rows_over_the_cores():
+    """N1 C256 14 x 14 3x3: 196 pixels are 7 panels of 32 (the last of 4), which OpenMP's
+    static schedule would share as 128 columns on one core and 68 on the other; instead the
+    256 output channels are split in two parts (loop ``ih``, parallel), each core packing
+    every panel and computing its half of the row tiles. The answer is the same as eager's,
+    and isl still proves the parts independent (the loop stays parallel)."""
+    from polytile.transform.tile_nests import row_split
+    assert row_split([32] * 6 + [16], 1, 2, 256, 18) == 2
+    assert row_split([32] * 6 + [16], 8, 2, 256, 18) == 1  # 56 panel tasks: shared evenly
+    assert row_split([32] * 6 + [16], 1, 2, 64, 4) == 1  # too few rows to pack every panel twice
+    assert row_split([32] * 8, 1, 2, 256, 18) == 1
+    assert row_split([32] * 3, 1, 2, 200, 14) == 2
+    b = GraphBuilder()
+    x, w = b.input(0, [1, 256, 14, 14], F32), b.input(1, [256, 256, 3, 3], F32)
+    conv = b.node("conv2d", (x, w), stride=(1, 1), padding=(1, 1), dilation=(1, 1), groups=1)
+    (k,) = _pipeline(build(b.graph([conv])), target={"cores": 2}).kernels
+    parts = [s for s in walk_stmts(k.body) if isinstance(s, For) and s.var == "ih"]
+    assert len(parts) == 1 and parts[0].hi == c(2) and parts[0].parallel
+    torch.manual_seed(0)
+    # (81 pixels: panels of 32, 32 and 17, and 200 rows: 14 tiles of 14 and 4 rows left over)
+    for shape, ch in (([1, 256, 14, 14], 256), ([1, 100, 9, 9], 200)):
+        a, wt = torch.randn(shape), torch.randn(ch, shape[1], 3, 3)
+        out, _ = _compile(lambda a, w: F.conv2d(a, w, padding=1), (a, wt), target={"cores": 2}, threads=2)
+        ref = F.conv2d(a, wt, padding=1)
+        assert_accurate(out, ref, lambda: fp64_reference(lambda a, w: F.conv2d(a, w, padding=1), (a, wt)), 1e-4)

@@ -30,8 +30,8 @@ from ..target import Target
 from .contraction_nest import Nest, batch_into_columns, batch_index, contiguous, decompose, match, orient, strides
 from .dot_form import dot_form
 from .fusion_util import subst_vars
-from .tile_nests import (few_panels_block, out_kernel, output_along_rows, panel_body, row_groups,
-                         rows_over_panels, tile_nest, transposed_pack, wrap)
+from .tile_nests import (few_panels_block, out_kernel, output_along_rows, panel_body, row_groups, row_split,
+                         rows_over_panels, split_rows, tile_nest, transposed_pack, wrap)
 from .tile_util import drop_prefetches, new_temp, reduction_blocks
 
 MIN_WORK = 32 * 32 * 32  # multiply-adds below which tiling is not worth a packing pass
@@ -337,6 +337,20 @@ def tile_contractions(p: Program, target: Target, prefetch: bool = True) -> Prog
         mrt = mr if (nb or xpack is not None) else min(max(mr, mr0), (target.vector_registers - nvt - 1) // nvt)
         tgroups = row_groups(M, mrt, mc, nb) if mrt != mr else groups
         roots = []
+        # panels too few (or too uneven) to share among the cores: the row tiles are split among
+        # them instead, each core packing every panel itself (``row_split``)
+        S = 1
+        if fused and not kc and len(groups) == 1 and groups[0][1] is None:
+            S = row_split([nr] * NJ + ([nvt * vw] if tail else []), batch_index(n.batch)[0], target.cores, M,
+                          groups[0][0][0][2])
+
+        def by_parts(rows: list, trows: list | None, jlo: int, jhi: int, body_of) -> Stmt:
+            # the panel loop jo in [jlo, jhi), inside the parallel loop over the S parts of the rows
+            # when S > 1; ``body_of(rows, trows)`` gives the statements for one panel
+            if S == 1:
+                return For("jo", c(jlo), c(jhi), tuple(body_of(rows, trows)), parallel=True)
+            part = body_of(split_rows(rows, S), split_rows(trows, S) if trows else None)
+            return For("ih", c(0), c(S), (For("jo", c(jlo), c(jhi), tuple(part)),), parallel=True)
         if kc:
             # the reduction in blocks of kc (the BLIS pc loop): per block, each panel's kc rows
             # are packed where they stay in L2 and every row tile runs over them; the tiles
@@ -368,11 +382,12 @@ def tile_contractions(p: Program, target: Target, prefetch: bool = True) -> Prog
             # nest of its own it took one thread while the other waited (1024^3: 22 panels of 48)
             lf = pack("ypanel", add(mul(rflat, c(nr)), Var(jj)), False)
             lt = pack("ypanel", add(mul(rflat, c(nr)), Var(jj)), True)
-            for (rows, block), (trows, _) in zip(groups, tgroups):
+            def both(rows: list, trows: list) -> list[Stmt]:
                 bf = panel_body(n, rows, nv, vw, vt, pk, bl, NJt, K, R, xpack, nr, lf, nr)
                 bt = panel_body(n, trows, nvt, vw, vt, pk, bl, NJt, K, R, xpack, tail, lt, nr)
-                both = If(Op("lt", (Var("jo"), c(NJ)), "bool"), tuple(bf), tuple(bt))
-                roots.append(wrap(n, For("jo", c(0), c(NJt), (both,), parallel=True), block))
+                return [If(Op("lt", (Var("jo"), c(NJ)), "bool"), tuple(bf), tuple(bt))]
+            for (rows, block), (trows, _) in zip(groups, tgroups):
+                roots.append(wrap(n, by_parts(rows, trows, 0, NJt, both), block))
         # all the packed panels fit in the L2 together: the row tiles outside, each meeting every
         # panel in turn while its rows of X stay in L1 (X read once instead of once per panel)
         rows_outer = not fused and not kc and NJt * K * nr * 4 <= target.l2_bytes // 2
@@ -398,8 +413,9 @@ def tile_contractions(p: Program, target: Target, prefetch: bool = True) -> Prog
             local = pack("ypanel", add(mul(rflat, c(nr)), Var(jj)), width < nr) if fused else None
             for rows, block in gs:
                 if local is not None:  # one nest: full row tiles and rows left over share the packed panel
-                    roots.append(tile_nest(n, rows, vecs, vw, vt, pk, bl, NJt, K, R, xpack, (jlo, jhi, width),
-                                            local, block, nr))
+                    roots.append(wrap(n, by_parts(rows, None, jlo, jhi, lambda rr, _, vecs=vecs, width=width, local=local:
+                                                  panel_body(n, rr, vecs, vw, vt, pk, bl, NJt, K, R, xpack, width,
+                                                             local, nr)), block))
                     continue
                 for r in rows:  # rows left over: a narrower tile on the same panels
                     roots.append(tile_nest(n, [r], vecs, vw, vt, pk, bl, NJt, K, R, xpack, (jlo, jhi, width),

@@ -49,6 +49,39 @@ def rows_over_panels(n: Nest, rows, nvs, panels, nr: int, ybuf: str, panel: Expr
     return out
 
 
+def split_rows(rows: list, S: int) -> list:
+    """``rows`` (mr, i0, MI) shared among S parts by the loop variable ``ih``: the first group's
+    MI tiles in S runs of MI // S, the last part taking what is left over and the narrower
+    tiles after it, as (mr, i0, MI, lo, hi) with the tile loop's bounds affine in ``ih`` (so
+    that isl sees the parts write disjoint rows)."""
+    (mr, i0, MI), rest = rows[0], rows[1:]
+    q = MI // S
+    ih = Var("ih")
+    last = ih if S == 2 else Op("floordiv", (ih, c(S - 1)), INDEX)  # 1 on the last part, else 0
+    out = [(mr, i0, MI, mul(ih, c(q)), add(mul(add(ih, c(1)), c(q)), mul(last, c(MI - S * q))))]
+    return out + [(m, i, k, c(0), mul(last, c(k))) for m, i, k in rest]
+
+
+def row_split(panel_cols: list[int], tasks_before: int, cores: int, M: int, MI: int) -> int:
+    """How many parts the row tiles are split into, each packing every panel itself: ``cores``
+    when OpenMP's static schedule of the panel tasks (``tasks_before`` batch iterations of
+    ``panel_cols``, the computed columns of each panel) would leave the busiest core over 1/10
+    more columns than an even share and the rows are many enough to pay for packing each panel
+    once per part (64 per part); else 1. N1 C256 14x14 3x3: 7 panels of 32 columns (the last
+    of 4) gave one core 128 columns, the other 68."""
+    cols = panel_cols * tasks_before
+    T = len(cols)
+    if cores < 2 or M < 64 * cores or MI < 2 * cores:
+        return 1
+    size, extra = divmod(T, cores)
+    busiest, at = 0, 0
+    for t in range(cores):  # libgomp's static schedule: the first T % cores threads take one more
+        k = size + (1 if t < extra else 0)
+        busiest = max(busiest, sum(cols[at:at + k]))
+        at += k
+    return cores if 10 * busiest * cores > 11 * sum(cols) else 1
+
+
 def row_groups(M: int, mr: int, mc: int, nb: int) -> list:
     """[(row tiles, row-block loop)]: ``nb`` blocks of ``mc`` rows (a sequential loop), then the
     rows after them in mr-row tiles and one narrower tile for the rows left over."""
@@ -87,8 +120,10 @@ def panel_body(n: Nest, rows, nv: int, vw: int, vt: str, pk: str, bl: Expr, NJ: 
         ybuf = pk
     else:
         panel, ybuf = mul(R, c(nr)), "ypanel"
-    loops: list[Stmt] = [row_tiles(n, mr, i0, MI, nv, vw, vt, ybuf, panel, K, R, xpack, width, nr, kblock)
-                         for mr, i0, MI in rows]
+    loops: list[Stmt] = []
+    for r in rows:  # (mr, i0, MI) or, a part of the rows (``split_rows``), (mr, i0, MI, lo, hi)
+        f = row_tiles(n, *r[:3], nv, vw, vt, ybuf, panel, K, R, xpack, width, nr, kblock)
+        loops.append(replace(f, lo=r[3], hi=r[4]) if len(r) == 5 else f)
     if local is not None:
         size = K if kblock is None else kblock[1]
         loops = [Alloc("ypanel", "float32", size * nr), *local, *[replace(f, parallel=False) for f in loops]]
