@@ -583,3 +583,27 @@ def test_few_panels_split_the_rows_over_the_cores():
         out, _ = _compile(lambda a, w: F.conv2d(a, w, padding=1), (a, wt), target={"cores": 2}, threads=2)
         ref = F.conv2d(a, wt, padding=1)
         assert_accurate(out, ref, lambda: fp64_reference(lambda a, w: F.conv2d(a, w, padding=1), (a, wt)), 1e-4)
+
+
+def test_row_operand_rows_in_one_l1_set_are_copied_apart():
+    """A linear whose weight rows are 4 KB apart (K = 1024): all 14 rows of a register tile
+    would map to one L1 set, so each tile copies its rows, a chunk of the reduction at a time,
+    into ``xrows`` with rows a cache line further apart, and reads X from there. K = 1000
+    (rows 4000 B apart, spread over the sets) keeps reading X in place. Both equal eager's."""
+    from polytile.transform.tile_nests import aliased_rows
+    from polytile.affine.ir import Var
+    row = lambda k: Load("x", Op("add", (Op("mul", (Var("i"), c(k)), "int64"), Var("r")), "int64"), F32)  # noqa: E731
+    assert aliased_rows(row(1024), "i", Var("r"), 14) and aliased_rows(row(3072), "i", Var("r"), 14)
+    assert aliased_rows(row(512), "i", Var("r"), 14)  # 2 KB apart: two sets of seven rows
+    assert not aliased_rows(row(768), "i", Var("r"), 14) and not aliased_rows(row(1000), "i", Var("r"), 14)
+    assert not aliased_rows(row(1024), "i", Var("r"), 4)
+    torch.manual_seed(0)
+    for k in (1024, 1000, 2560):
+        b = GraphBuilder()
+        x, w = b.input(0, [64, k], F32), b.input(1, [96, k], F32)
+        p = _pipeline(build(b.graph([b.matmul(x, b.transpose(w, 0, 1))])), target={"cores": 2})
+        copies = [s for kk in p.kernels for s in walk_stmts(kk.body) if isinstance(s, Alloc) and s.name == "xrows"]
+        assert bool(copies) == (k != 1000), k
+        a, wt = torch.randn(64, k), torch.randn(96, k)
+        out, _ = _compile(F.linear, (a, wt))
+        assert_accurate(out, F.linear(a, wt), lambda: fp64_reference(F.linear, (a, wt)), 1e-4)
