@@ -607,3 +607,28 @@ def test_row_operand_rows_in_one_l1_set_are_copied_apart():
         a, wt = torch.randn(64, k), torch.randn(96, k)
         out, _ = _compile(F.linear, (a, wt))
         assert_accurate(out, F.linear(a, wt), lambda: fp64_reference(F.linear, (a, wt)), 1e-4)
+
+
+def test_swapped_linear_epilogue_of_the_rows_runs_along_the_tile():
+    """x @ w.T + b then erf, tiles writing the output along their rows: the value, which reads
+    only the tile and the bias (per row of the tile), is computed into the tile first with the
+    columns innermost (whole vectors), and the stores only move it. With a residual read along
+    the columns (r[j, i]) the value stays in the store loop. Both equal eager's."""
+    for residual in (False, True):
+        b = GraphBuilder()
+        x, w, bias = b.input(0, [64, 100], F32), b.input(1, [500, 100], F32), b.input(2, [500], F32)
+        y = b.ew("erf", b.ew("add", b.matmul(x, b.transpose(w, 0, 1)), bias))
+        if residual:
+            y = b.ew("add", y, b.input(3, [64, 500], F32))
+        p = _pipeline(build(b.graph([y])), target={"vector_bytes": 32, "vector_registers": 16})
+        main = [k for k in p.kernels if not k.name.endswith(("_pack", "_out"))][0]
+        into_tile = [s for s in walk_stmts(main.body) if isinstance(s, Store) and s.buf == "ctile"
+                     and any(isinstance(e, Op) and e.fn == "erf" for e in walk_exprs(s.value))]
+        assert bool(into_tile) == (not residual)
+    fn = lambda a, w, bb, r: torch.erf(F.linear(a, w, bb)) + r  # noqa: E731
+    fg = lambda a, w, bb: F.gelu(F.linear(a, w, bb))  # noqa: E731
+    a, wt, bb, r = torch.randn(64, 100), torch.randn(500, 100) / 10, torch.randn(500), torch.randn(64, 500)
+    out, _ = _compile(fn, (a, wt, bb, r))
+    assert_accurate(out, fn(a, wt, bb, r), lambda: fp64_reference(fn, (a, wt, bb, r)), 1e-4)
+    out, _ = _compile(fg, (a, wt, bb))
+    assert_accurate(out, fg(a, wt, bb), lambda: fp64_reference(fg, (a, wt, bb)), 1e-4)

@@ -8,7 +8,8 @@ from dataclasses import replace
 
 from ..affine.ir import (INDEX, Alloc, Assign, Const, Expr, For, If, Kernel, Let, Load, Op, Prefetch, Stmt, Store, Var,
                         add, c, mul, vector_type)
-from ..affine.linear import linear_form
+from ..affine.ir import walk_exprs
+from ..affine.linear import linear_form, uses_var
 from ..affine.transpose import transposed_block
 from .contraction_nest import Nest, epilogue_store, in_group
 from .fusion_util import map_expr, subst_vars
@@ -243,6 +244,15 @@ def row_tiles(n: Nest, mr: int, i0: Expr, MI: int, nv: int, vw: int, vt: str, yb
     elif output_along_rows(n):
         # the output runs along the tile's rows (a swapped orientation, see ``orient``): the
         # epilogue walks them innermost, a row segment of mr at a time
+        if epi.value != tval and not any(isinstance(e, Load) and e.buf != tile and uses_var(e.index, jj)
+                                         for e in walk_exprs(epi.value)):
+            # a value that reads nothing along the columns but the tile (a bias, GELU) is
+            # computed first along the tile's rows, whole vectors at a time, the stores then only
+            # move it (a 14-element run per output row made erf's vector calls partial: 128 x
+            # 1024 -> 4096 linear + GELU 8.3-9.1 ms against 6.4 without the GELU)
+            done.append(For(ii, c(0), c(mr), (For(jj, c(0), c(width), (
+                Store(tile, add(mul(Var(ii), c(nr)), Var(jj)), epi.value),)),)))
+            epi = replace(epi, value=tval)
         done.append(For(jj, c(0), c(width), (For(ii, c(0), c(mr), (epi,)),)))
     else:
         done.append(For(ii, c(0), c(mr), (For(jj, c(0), c(width), (epi,)),)))
