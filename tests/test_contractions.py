@@ -598,15 +598,23 @@ def test_row_operand_rows_in_one_l1_set_are_copied_apart():
     assert not aliased_rows(row(768), "i", Var("r"), 14) and not aliased_rows(row(1000), "i", Var("r"), 14)
     assert not aliased_rows(row(1024), "i", Var("r"), 4)
     torch.manual_seed(0)
-    for k in (1024, 1000, 2560):
+    # 32 tokens: one panel of 2 vectors (AVX-512), the weight's 96 rows in 14-row tiles; with
+    # K = 1024 the panel fits in the L2 and each row tile copies its rows whole, once, outside
+    # the panel loop; K = 2560 with a smaller L2 copies 512 reductions at a time inside it
+    for k, l2, copied, hoisted in ((1024, 1 << 20, True, True), (1000, 1 << 20, False, False),
+                                   (2560, 512 << 10, True, False)):
         b = GraphBuilder()
-        x, w = b.input(0, [64, k], F32), b.input(1, [96, k], F32)
-        p = _pipeline(build(b.graph([b.matmul(x, b.transpose(w, 0, 1))])), target={"cores": 2})
+        x, w = b.input(0, [32, k], F32), b.input(1, [96, k], F32)
+        p = _pipeline(build(b.graph([b.matmul(x, b.transpose(w, 0, 1))])),
+                      target={"cores": 2, "vector_bytes": 64, "vector_registers": 32, "l2_bytes": l2})
         copies = [s for kk in p.kernels for s in walk_stmts(kk.body) if isinstance(s, Alloc) and s.name == "xrows"]
-        assert bool(copies) == (k != 1000), k
-        a, wt = torch.randn(64, k), torch.randn(96, k)
-        out, _ = _compile(F.linear, (a, wt))
-        assert_accurate(out, F.linear(a, wt), lambda: fp64_reference(F.linear, (a, wt)), 1e-4)
+        in_panels = [s for kk in p.kernels for f in walk_stmts(kk.body) if isinstance(f, For) and f.var == "jo"
+                     for s in walk_stmts(f.body) if isinstance(s, Alloc) and s.name == "xrows"]
+        assert bool(copies) == copied and bool(copies and not in_panels) == hoisted, k
+        a, wt = torch.randn(32, k), torch.randn(96, k)
+        for target in ({"l2_bytes": l2}, {"l2_bytes": l2, "vector_bytes": 32, "vector_registers": 16}):
+            out, _ = _compile(F.linear, (a, wt), target=target)
+            assert_accurate(out, F.linear(a, wt), lambda: fp64_reference(F.linear, (a, wt)), 1e-4)
 
 
 def test_swapped_linear_epilogue_of_the_rows_runs_along_the_tile():

@@ -41,13 +41,31 @@ def rows_over_panels(n: Nest, rows, nvs, panels, nr: int, ybuf: str, panel: Expr
     NJ, NJt, tail = panels
     out = []
     for mr, i0, MI in rows:
-        parts = []
+        # rows of X copied apart (``aliased_rows``) once per row tile for all the panels
+        parts: list[Stmt] = copy_x_rows(n, mr, i0, K, R, nvs[0], xpack) if kblock is None else []
+        hoisted = bool(parts)
         for jlo, jhi, width, vecs in ((0, NJ, nr, nvs[0]), (NJ, NJt, tail, nvs[1])):
             if jhi > jlo:
-                f = row_tiles(n, mr, i0, MI, vecs, vw, vt, ybuf, panel, K, R, xpack, width, nr, kblock, tout)
+                f = row_tiles(n, mr, i0, MI, vecs, vw, vt, ybuf, panel, K, R, xpack, width, nr, kblock, tout, hoisted)
                 parts.append(For("jo", c(jlo), c(jhi), f.body))
         out.append(For("io", c(0), c(MI), tuple(parts), parallel=True))
     return out
+
+
+def copy_x_rows(n: Nest, mr: int, i0: Expr, K: int, R: Var, nv: int, xpack) -> list[Stmt]:
+    """For a row tile io that meets every panel in turn: its rows of X, when they share L1
+    sets (see ``row_tiles``), copied whole into ``xrows`` (rows K + 16 floats apart) once for
+    all the panels; [] when they are read in place."""
+    i = n.iloop.var
+    xr = in_group(n.x, [f.var for f in n.rloops], n.rloops, R)
+    if xpack is not None or nv != 2 or not aliased_rows(xr, i, R, mr):
+        return []
+    xl = K + PREFETCH_LINE
+    row0 = add(i0, mul(Var("io"), c(mr)))
+    val = subst_vars(xr, {i: add(row0, Var("xrow")), R.name: Var("xcol")})
+    return [Alloc("xrows", "float32", mr * xl),
+            For("xrow", c(0), c(mr), (For("xcol", c(0), c(K), (
+                Store("xrows", add(mul(Var("xrow"), c(xl)), Var("xcol")), val),)),))]
 
 
 def split_rows(rows: list, S: int) -> list:
@@ -141,14 +159,15 @@ def wrap(n: Nest, main: Stmt, block) -> Stmt:
 
 
 def row_tiles(n: Nest, mr: int, i0: Expr, MI: int, nv: int, vw: int, vt: str, ybuf: str, panel: Expr, K: int,
-               R: Var, xpack, width: int, step: int, kblock=None, tout=None) -> For:
+               R: Var, xpack, width: int, step: int, kblock=None, tout=None, xhoisted: bool = False) -> For:
     """io < MI: the mr x (nv*vw) register tile of rows i0 + io*mr + [0, mr) times panel jo (at
     ``panel`` in ``ybuf``, columns jo*step + [0, nv*vw)), then its epilogue on the first
     ``width`` columns. ``kblock`` = (r0, kc, reload, final, cacc, ldc): the reduction rows
     r0 + [0, kc) only (the panel holds those), the tile loaded from ``cacc`` (row stride ldc)
     when ``reload`` holds and stored there unless ``final`` holds (then the epilogue runs).
     ``tout`` = (buffer, columns): the raw tile stored there row-major instead (``out_kernel``
-    applies the epilogue)."""
+    applies the epilogue). ``xhoisted``: the tile's rows of X were copied whole into ``xrows``
+    by the caller (``copy_x_rows``)."""
     nr = nv * vw
     i = n.iloop.var
     rn = [f.var for f in n.rloops]
@@ -162,11 +181,14 @@ def row_tiles(n: Nest, mr: int, i0: Expr, MI: int, nv: int, vw: int, vt: str, yb
     chunked = kblock is None and isinstance(kc, int) and kc > 2 * SUM_CHUNK
     # X read in place with rows that share L1 sets: the tile's rows are copied, a chunk of the
     # reduction at a time, into ``xrows`` whose rows lie one cache line further apart
-    # (not for tiles of 3 vectors: 9 x 3 reads X a third less often per FMA and lost by the copy,
-    # 2048^3 211 -> 185 GFLOP/s, where 14 x 2 went 151 -> 179)
-    xl = (SUM_CHUNK if chunked else kc) + PREFETCH_LINE if xpack is None and nv <= 2 and aliased_rows(xr, i, R, mr) \
+    # (tiles of 2 vectors only: 9 x 3 reads X a third less often per FMA and lost by the copy,
+    # 2048^3 211 -> 185 GFLOP/s, where 14 x 2 went 151 -> 179; a 1-vector tile would copy as
+    # many floats as it multiplies)
+    xl = (SUM_CHUNK if chunked else kc) + PREFETCH_LINE if xpack is None and nv == 2 and aliased_rows(xr, i, R, mr) \
         else 0
-    xlo: Expr = mul(Var("rc"), c(SUM_CHUNK)) if chunked else c(0)
+    xlo: Expr = mul(Var("rc"), c(SUM_CHUNK)) if chunked and not xhoisted else c(0)
+    if xhoisted:
+        xl = K + PREFETCH_LINE
     for x in range(mr):
         if xl:
             xval: Expr = Load("xrows", add(c(x * xl), add(R, mul(xlo, c(-1)))), "float32")
@@ -198,13 +220,13 @@ def row_tiles(n: Nest, mr: int, i0: Expr, MI: int, nv: int, vw: int, vt: str, yb
             return add(add(mul(add(row0, c(x)), c(ldc)), mul(Var(jo), c(step))), c(y * vw))
 
     def copy_rows(lo: Expr, hi: Expr) -> list[Stmt]:
-        if not xl:
+        if not xl or xhoisted:
             return []
         val = subst_vars(xr, {i: add(row0, Var("xrow")), R.name: Var("xcol")})
         at = add(add(mul(Var("xrow"), c(xl)), Var("xcol")), mul(lo, c(-1)))
         return [For("xrow", c(0), c(mr), (For("xcol", lo, hi, (Store("xrows", at, val),)),))]
 
-    if xl:
+    if xl and not xhoisted:
         body.append(Alloc("xrows", "float32", mr * xl))
     if chunked:
         # the reduction in chunks whose partial sums join the tile's total in ``ctile`` after
