@@ -7,8 +7,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..affine.ir import (INDEX, Alloc, Assign, Const, Expr, For, If, Kernel, Let, Load, Op, Prefetch, Stmt, Store, Var,
-                        add, c, mul, vector_type)
-from ..affine.ir import walk_exprs
+                        add, c, mul, vector_type, walk_exprs)
 from ..affine.linear import linear_form, uses_var
 from ..affine.transpose import transposed_block
 from .contraction_nest import Nest, epilogue_store, in_group
@@ -58,14 +57,11 @@ def copy_x_rows(n: Nest, mr: int, i0: Expr, K: int, R: Var, nv: int, xpack) -> l
     all the panels; [] when they are read in place."""
     i = n.iloop.var
     xr = in_group(n.x, [f.var for f in n.rloops], n.rloops, R)
-    if xpack is not None or nv != 2 or not aliased_rows(xr, i, R, mr):
+    if not copies_rows(xr, i, R, mr, nv, xpack):
         return []
     xl = K + PREFETCH_LINE
-    row0 = add(i0, mul(Var("io"), c(mr)))
-    val = subst_vars(xr, {i: add(row0, Var("xrow")), R.name: Var("xcol")})
     return [Alloc("xrows", "float32", mr * xl),
-            For("xrow", c(0), c(mr), (For("xcol", c(0), c(K), (
-                Store("xrows", add(mul(Var("xrow"), c(xl)), Var("xcol")), val),)),))]
+            rows_copy(xr, i, R, add(i0, mul(Var("io"), c(mr))), mr, xl, c(0), c(K))]
 
 
 def split_rows(rows: list, S: int) -> list:
@@ -184,11 +180,11 @@ def row_tiles(n: Nest, mr: int, i0: Expr, MI: int, nv: int, vw: int, vt: str, yb
     # (tiles of 2 vectors only: 9 x 3 reads X a third less often per FMA and lost by the copy,
     # 2048^3 211 -> 185 GFLOP/s, where 14 x 2 went 151 -> 179; a 1-vector tile would copy as
     # many floats as it multiplies)
-    xl = (SUM_CHUNK if chunked else kc) + PREFETCH_LINE if xpack is None and nv == 2 and aliased_rows(xr, i, R, mr) \
-        else 0
-    xlo: Expr = mul(Var("rc"), c(SUM_CHUNK)) if chunked and not xhoisted else c(0)
     if xhoisted:
         xl = K + PREFETCH_LINE
+    else:
+        xl = (SUM_CHUNK if chunked else kc) + PREFETCH_LINE if copies_rows(xr, i, R, mr, nv, xpack) else 0
+    xlo: Expr = mul(Var("rc"), c(SUM_CHUNK)) if chunked and not xhoisted else c(0)
     for x in range(mr):
         if xl:
             xval: Expr = Load("xrows", add(c(x * xl), add(R, mul(xlo, c(-1)))), "float32")
@@ -220,11 +216,7 @@ def row_tiles(n: Nest, mr: int, i0: Expr, MI: int, nv: int, vw: int, vt: str, yb
             return add(add(mul(add(row0, c(x)), c(ldc)), mul(Var(jo), c(step))), c(y * vw))
 
     def copy_rows(lo: Expr, hi: Expr) -> list[Stmt]:
-        if not xl or xhoisted:
-            return []
-        val = subst_vars(xr, {i: add(row0, Var("xrow")), R.name: Var("xcol")})
-        at = add(add(mul(Var("xrow"), c(xl)), Var("xcol")), mul(lo, c(-1)))
-        return [For("xrow", c(0), c(mr), (For("xcol", lo, hi, (Store("xrows", at, val),)),))]
+        return [rows_copy(xr, i, R, row0, mr, xl, lo, hi)] if xl and not xhoisted else []
 
     if xl and not xhoisted:
         body.append(Alloc("xrows", "float32", mr * xl))
@@ -310,6 +302,19 @@ def aliased_rows(xr: Expr, i: str, R: Var, mr: int) -> bool:
         k = (x * s) % L1_WAY_BYTES // 64
         sets[k] = sets.get(k, 0) + 1
     return max(sets.values()) > ALIAS_ROWS
+
+
+def copies_rows(xr: Expr, i: str, R: Var, mr: int, nv: int, xpack) -> bool:
+    """Whether a tile of mr x nv vectors copies its rows of X into ``xrows`` (``row_tiles``)."""
+    return xpack is None and nv == 2 and aliased_rows(xr, i, R, mr)
+
+
+def rows_copy(xr: Expr, i: str, R: Var, row0: Expr, mr: int, xl: int, lo: Expr, hi: Expr) -> For:
+    """Reductions [lo, hi) of X's rows row0 + [0, mr) (``xr`` at row i, reduction R) into
+    ``xrows``, row ``xrow`` at xrow * xl - lo."""
+    val = subst_vars(xr, {i: add(row0, Var("xrow")), R.name: Var("xcol")})
+    at = add(add(mul(Var("xrow"), c(xl)), Var("xcol")), mul(lo, c(-1)))
+    return For("xrow", c(0), c(mr), (For("xcol", lo, hi, (Store("xrows", at, val),)),))
 
 
 def next_rows_prefetch(xr: Expr, i: str, row0: Expr, mr: int, R: Var, Rg: Expr) -> list[Stmt]:
