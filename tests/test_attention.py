@@ -325,3 +325,36 @@ def test_constant_evaluation_of_deep_graphs_neither_recurses_nor_guesses():
     assert evaluate(deep_const) is None  # too deep to be an index mask
     small = b.ew("add", c0, b.full(2.0, "float32"))
     assert (evaluate(small) == 3.0).all()
+
+
+def test_register_tile_vectors_stay_in_registers(tmp_path):
+    """The y vectors of the score and output register tiles are pinned (PT_REG): gcc otherwise
+    folds their loads into every FMA, a 512-bit load per FMA that the load port cannot keep up
+    with. The pinned tile's assembly has no FMA that takes a whole vector from memory."""
+    import platform
+    import re
+    import subprocess
+
+    from polytile.codegen.c import PRELUDE
+    from polytile.options import Options
+
+    _run(_sdpa(False), _qkv(1, 2, 2, 64, 64, 32), dump_dir=str(tmp_path / "k"))
+    main = _attention_kernel(tmp_path / "k")
+    assert main.count(" = PT_REG") >= 2 * 2  # score tile (Q^T) and output tile (V) vectors
+    if platform.machine() != "x86_64":
+        pytest.skip("the assembly check is for x86-64")
+    w = 16 if " avx512f" in open("/proc/cpuinfo").read() else 8
+    ys = "".join(f"    pt_f32x{w} y{k} = PT_REG{w}(*(const pt_f32x{w}*)&b[d * {4 * w} + {k * w}]);\n" for k in range(4))
+    fmas = "".join(f"    {{ float x = a[(r0 + {i}) * n + d];\n" + "".join(
+        f"      c{i}{k} += ((pt_f32x{w}){{}} + x) * y{k};\n" for k in range(4)) + "    }\n" for i in range(4))
+    accs = ", ".join(f"c{i}{k} = {{}}" for i in range(4) for k in range(4))
+    stores = "".join(f"  *(pt_f32x{w}*)&c[{(4 * i + k) * w}] = c{i}{k};\n" for i in range(4) for k in range(4))
+    body = (f"void tile(const float* restrict a, const float* restrict b, float* restrict c, long n, long r0) {{\n"
+            f"  pt_f32x{w} {accs};\n  for (long d = 0; d < n; ++d) {{\n{ys}{fmas}  }}\n{stores}}}\n")
+    src = tmp_path / "tile.c"
+    src.write_text(PRELUDE + body)
+    asm = tmp_path / "tile.s"
+    subprocess.run([Options().cc, *Options().cflags, "-std=gnu11", "-S", str(src), "-o", str(asm)], check=True)
+    fma = [ln for ln in asm.read_text().splitlines() if "vfmadd" in ln]
+    assert len(fma) >= 16
+    assert not [ln for ln in fma if "(" in ln and "{1to" not in ln], "an FMA reads its vector from memory"

@@ -96,7 +96,29 @@ static inline pt_f32x16 pt_exp_f32x16(pt_f32x16 x) {
   return (pt_f32x16)_mm512_scalef_ps(p, n); }
 #else
 """ + _VECTOR_EXP.format(n=16) + "#endif\n"
-PRELUDE = _PRELUDE_HEAD + "".join(_VECTOR_EXP.format(n=n) for n in (4, 8)) + _AVX512_EXP + _PRELUDE_TAIL
+# a vector that must stay in a register (op ``in_register``): an empty asm that claims to change
+# it keeps gcc from folding its load into every FMA that uses it (one 512-bit load per FMA: the
+# load port, not the FMA units, then sets the pace). Where the register class is unknown, a no-op.
+_IN_REGISTER = r"""#if defined(__x86_64__) && defined(__AVX512F__)
+#define PT_REG16(x) ({ pt_f32x16 _r = (x); __asm__("" : "+v"(_r)); _r; })
+#else
+#define PT_REG16(x) (x)
+#endif
+#if defined(__x86_64__) && defined(__AVX__)
+#define PT_REG8(x) ({ pt_f32x8 _r = (x); __asm__("" : "+v"(_r)); _r; })
+#else
+#define PT_REG8(x) (x)
+#endif
+#if defined(__x86_64__) && defined(__SSE2__)
+#define PT_REG4(x) ({ pt_f32x4 _r = (x); __asm__("" : "+x"(_r)); _r; })
+#elif defined(__aarch64__) && defined(__ARM_NEON)
+#define PT_REG4(x) ({ pt_f32x4 _r = (x); __asm__("" : "+w"(_r)); _r; })
+#else
+#define PT_REG4(x) (x)
+#endif
+"""
+PRELUDE = (_PRELUDE_HEAD + "".join(_VECTOR_EXP.format(n=n) for n in (4, 8)) + _AVX512_EXP + _IN_REGISTER
+           + _PRELUDE_TAIL)
 
 
 def _f(fname: str) -> Callable[[list[str], str], str]:
@@ -178,6 +200,7 @@ OPS: dict[str, Callable[[list[str], str, str], str]] = {
 for _name in ("exp", "log", "log1p", "expm1", "sqrt", "sin", "cos", "tan", "tanh", "erf", "asin", "acos",
               "atan", "sinh", "cosh", "exp2", "log2", "log10"):
     OPS[_name] = (lambda f: lambda a, d, t: f(a, d))(_f(_name))
+OPS["in_register"] = lambda a, d, t: f"PT_REG{lanes(d)}({a[0]})" if lanes(d) in (4, 8, 16) else a[0]
 _scalar_exp = OPS["exp"]
 OPS["exp"] = lambda a, d, t: f"pt_exp_f32x{lanes(d)}({a[0]})" if lanes(d) > 1 else _scalar_exp(a, d, t)
 
