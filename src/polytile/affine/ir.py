@@ -63,6 +63,12 @@ def element_type(dtype: str) -> str:
     return dtype.rpartition("x")[0] if lanes(dtype) > 1 else dtype
 
 
+def in_register(e: Expr) -> Op:
+    """``e`` (a vector) kept in a register where it is used: rendered as the C prelude's PT_REG, so
+    that the C compiler does not fold its load into each instruction that reads it."""
+    return Op("in_register", (e,), e.dtype)
+
+
 def c(v: int) -> Const:
     return Const(int(v), INDEX)
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..affine.ir import (INDEX, Alloc, Assign, Const, Expr, For, If, Kernel, Let, Load, Op, Prefetch, Stmt, Store, Var,
-                        add, c, mul, vector_type, walk_exprs)
+                        add, c, in_register, mul, vector_type, walk_exprs)
 from ..affine.linear import linear_form, uses_var
 from ..affine.transpose import transposed_block
 from .contraction_nest import Nest, epilogue_store, in_group
@@ -171,7 +171,10 @@ def row_tiles(n: Nest, mr: int, i0: Expr, MI: int, nv: int, vw: int, vt: str, yb
     r0, kc = (c(0), K) if kblock is None else kblock[:2]
     Rg = add(r0, R) if kblock is not None else R  # the reduction index in the whole of K
     accs = [[f"acc{x}_{y}" for y in range(nv)] for x in range(mr)]  # (C names b<n> are buffers)
-    inner: list[Stmt] = [Let(f"yv{y}", vt, Load(ybuf, add(panel, c(y * vw)), vt)) for y in range(nv)]
+    # each y vector meets mr broadcasts: pinned to a register (gcc folds the load into every
+    # FMA otherwise, a 512-bit load per FMA; see codegen.c's PT_REG)
+    inner: list[Stmt] = [Let(f"yv{y}", vt, in_register(Load(ybuf, add(panel, c(y * vw)), vt)) if mr > 1 else
+                             Load(ybuf, add(panel, c(y * vw)), vt)) for y in range(nv)]
     xr = in_group(n.x, rn, n.rloops, Rg)
     row0 = add(i0, mul(Var(io), c(mr)))
     chunked = kblock is None and isinstance(kc, int) and kc > 2 * SUM_CHUNK
