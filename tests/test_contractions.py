@@ -236,9 +236,10 @@ def test_swapped_linear_output_rows_far_apart_go_through_a_temp():
     """x @ w.T swapped (see above) with 512 weight rows: the output's rows are 2 KB apart, so
     the tiles go row-major to a temp (epilogue applied) and an ``_out`` kernel writes the
     output row by row, transposing blocks in registers; 500 weight rows: tiles store straight to the output; and so do 512
-    when the temp (64 x 512 floats) would not fit in the L2 (the out kernel reads it down its
-    columns)."""
-    for n_out, via_temp, l2 in ((512, True, 2 << 20), (500, False, 2 << 20), (512, False, 64 << 10)):
+    when the temp (64 x 512 floats) is more than twice the L2, and both when it is up to twice
+    (the out kernel reads it down its columns)."""
+    for n_out, via_temp, l2 in ((512, True, 2 << 20), (500, False, 2 << 20), (512, True, 64 << 10),
+                                (512, False, 32 << 10)):
         b = GraphBuilder()
         x, w, bias = b.input(0, [64, 100], F32), b.input(1, [n_out, 100], F32), b.input(2, [n_out], F32)
         y = b.ew("add", b.matmul(x, b.transpose(w, 0, 1)), bias)

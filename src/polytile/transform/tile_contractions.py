@@ -393,13 +393,15 @@ def tile_contractions(p: Program, target: Target, prefetch: bool = True) -> Prog
         rows_outer = not fused and not kc and NJt * K * nr * 4 <= target.l2_bytes // 2
         tout = None
         if rows_outer and not n.batch and output_along_rows(n) and (M * 4) % OUT_ROWS_ALIAS == 0 \
-                and M * N * 4 <= target.l2_bytes:
+                and M * N * 4 <= 2 * target.l2_bytes:
             # the output runs along the tile rows and its rows lie a multiple of 2 KB apart (at
             # most two L1 sets for all of them): raw tiles to a row-major temp, the epilogue
             # then writes the output row by row (``out_kernel``); 128x3072x768 linear 4.3 ->
             # 3.8 ms on one thread, 2.3 -> 2.1 on two; with rows 3 KB apart (768) no gain. Only
-            # while the temp stays in the L2: the out kernel reads it down its columns
-            # (128x16384x768 with an 8 MB temp: 14.8 ms, 8.8 without)
+            # while the temp is at most twice the L2 (Zen 4, 1 MB L2, two threads, kernels
+            # alone in C: 128x768 -> 3072 3.17 -> 2.70 ms, 128x1024 -> 4096 5.73 -> 5.07; a 4 MB
+            # temp, 128x1024 -> 8192, 10.0 either way; an 8 MB one, 128x768 -> 16384, 14.5 ->
+            # 15.0 ms)
             tout = (new_temp(buffers, M * N), N)
         if rows_outer:
             panel = mul(add(mul(add(mul(bl, c(NJt)), Var("jo")), c(K)), R), c(nr))  # Yp[bl][jo][R][0]
