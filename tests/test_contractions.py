@@ -562,9 +562,10 @@ def test_long_reduction_summed_in_chunks_passes_the_accuracy_rule():
 def test_few_panels_split_the_rows_over_the_cores():
     """N1 C256 14 x 14 3x3: 196 pixels are 7 panels of 32 (the last of 4), which OpenMP's
     static schedule would share as 128 columns on one core and 68 on the other; instead the
-    256 output channels are split in two parts (loop ``ih``, parallel), each core packing
-    every panel and computing its half of the row tiles. The answer is the same as eager's,
-    and isl still proves the parts independent (the loop stays parallel)."""
+    first 6 panels run whole (3 per core) and for the last one the 256 output channels are
+    split in two parts (loop ``ih``, parallel), each core packing that panel and computing its
+    half of the row tiles. The answer is the same as eager's, and isl still proves the parts
+    independent (the loops stay parallel)."""
     from polytile.transform.tile_nests import row_split
     assert row_split([32] * 6 + [16], 1, 2, 256, 18) == 2
     assert row_split([32] * 6 + [16], 8, 2, 256, 18) == 1  # 56 panel tasks: shared evenly
@@ -577,6 +578,9 @@ def test_few_panels_split_the_rows_over_the_cores():
     (k,) = _pipeline(build(b.graph([conv])), target={"cores": 2}).kernels
     parts = [s for s in walk_stmts(k.body) if isinstance(s, For) and s.var == "ih"]
     assert len(parts) == 1 and parts[0].hi == c(2) and parts[0].parallel
+    panels = [(s.lo, s.hi) for s in walk_stmts(k.body) if isinstance(s, For) and s.var == "jo"]
+    assert panels == [(c(0), c(6)), (c(6), c(7))]  # whole panels first, then the split one
+    assert [s.var for s in walk_stmts(parts[0].body) if isinstance(s, For)][0] == "jo"
     torch.manual_seed(0)
     # (81 pixels: panels of 32, 32 and 17, and 200 rows: 14 tiles of 14 and 4 rows left over)
     for shape, ch in (([1, 256, 14, 14], 256), ([1, 100, 9, 9], 200)):
