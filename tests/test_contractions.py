@@ -581,9 +581,17 @@ def test_few_panels_split_the_rows_over_the_cores():
     panels = [(s.lo, s.hi) for s in walk_stmts(k.body) if isinstance(s, For) and s.var == "jo"]
     assert panels == [(c(0), c(6)), (c(6), c(7))]  # whole panels first, then the split one
     assert [s.var for s in walk_stmts(parts[0].body) if isinstance(s, For)][0] == "jo"
+    # 10 x 10: 100 pixels are 3 full panels and one of 4; the full ones that share evenly (2) run
+    # whole, the third full one and the partial one are split (whole, they would share unevenly)
+    b = GraphBuilder()
+    x, w = b.input(0, [1, 256, 10, 10], F32), b.input(1, [256, 256, 3, 3], F32)
+    conv = b.node("conv2d", (x, w), stride=(1, 1), padding=(1, 1), dilation=(1, 1), groups=1)
+    (k,) = _pipeline(build(b.graph([conv])), target={"cores": 2}).kernels
+    assert [(s.var, s.lo, s.hi) for s in walk_stmts(k.body) if isinstance(s, For) and s.var in ("jo", "ih")] == \
+        [("jo", c(0), c(2)), ("ih", c(0), c(2)), ("jo", c(2), c(4))]
     torch.manual_seed(0)
     # (81 pixels: panels of 32, 32 and 17, and 200 rows: 14 tiles of 14 and 4 rows left over)
-    for shape, ch in (([1, 256, 14, 14], 256), ([1, 100, 9, 9], 200)):
+    for shape, ch in (([1, 256, 14, 14], 256), ([1, 100, 9, 9], 200), ([1, 64, 10, 10], 256)):
         a, wt = torch.randn(shape), torch.randn(ch, shape[1], 3, 3)
         out, _ = _compile(lambda a, w: F.conv2d(a, w, padding=1), (a, wt), target={"cores": 2}, threads=2)
         ref = F.conv2d(a, wt, padding=1)

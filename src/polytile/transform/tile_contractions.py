@@ -352,7 +352,8 @@ def tile_contractions(p: Program, target: Target, prefetch: bool = True) -> Prog
                 # as many panels as shares evenly among the cores run whole, only the rest of them
                 # with their rows split (each part packs those panels itself): N1 C256 14x14 3x3,
                 # 6 panels of 32 columns whole and the last of 4 split, 1.30 -> 1.23 ms in C (Zen 4)
-                whole = jlo + (jhi - jlo) // S * S
+                # (full panels only: a partial last one shares unevenly, C512 7x7's 32 + 17)
+                whole = jlo + max(0, min(jhi, NJ) - jlo) // S * S
             out: list[Stmt] = []
             if S == 1 or whole > jlo:
                 out.append(For("jo", c(jlo), c(jhi if S == 1 else whole), tuple(body_of(rows, trows)), parallel=True))
