@@ -4,13 +4,15 @@ transposed operands, fused epilogues); the IR has the expected structure; the Ta
 its overrides."""
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 import polytile
 from polytile.affine.build import build
-from polytile.affine.ir import Alloc, Const, For, If, Let, Load, Op, Store, c, lanes, walk_exprs, walk_stmts
+from polytile.affine.ir import Alloc, Const, For, If, Let, Load, Op, Store, c, lanes, stmt_exprs, walk_exprs, walk_stmts
 from polytile.graph.builder import GraphBuilder
 from polytile.options import Options
 from polytile.target import detect, resolve
@@ -136,13 +138,17 @@ def test_conv_is_tiled():
     vec = {e.buf for s in walk_stmts(k.body) for e in _exprs(s) if isinstance(e, Load) and lanes(e.dtype) > 1}
     # the tiles read the panel; panel rows that lie in one image row and inside the padding
     # are copied from the image with vector loads (the test at both ends of the row)
-    assert "ypanel" in vec and len(vec) == 2
+    # (panel rows across image rows: vector loads kept under a lane mask, ``pmask``)
+    assert "ypanel" in vec and len(vec - {"pmask"}) == 2
     assert any(isinstance(s, If) and any(isinstance(t, Store) and lanes(t.value.dtype) > 1
                                          for t in walk_stmts(s.then)) for s in walk_stmts(k.body))
-    # the test sits outside the input-channel loop (it reads only kh, kw and the pixel)
+    # the test sits outside the input-channel loop (it reads only kh, kw and the pixel); inside
+    # it, the masked rows test only that their loads stay within the tensor
     tests = [s for s in walk_stmts(k.body) if isinstance(s, If) and any(
         isinstance(t, Store) and lanes(t.value.dtype) > 1 for t in walk_stmts(s.then))]
-    assert all(isinstance(s.then[0], For) and s.then[0].var == "r0" for s in tests)
+    outer = [s for s in tests if isinstance(s.then[0], For)]
+    assert outer and all(s.then[0].var == "r0" for s in outer)
+    assert all(isinstance(t, Store) and t.value.fn == "keep_lanes" for s in tests if s not in outer for t in s.then)
 
 
 def test_separate_conv_pack_scans_image_rows():
@@ -264,8 +270,6 @@ def test_tile_sizes_follow_the_target():
 
 
 def _exprs(s):
-    from polytile.affine.ir import stmt_exprs
-
     for e in stmt_exprs(s):
         yield from walk_exprs(e)
 
@@ -653,3 +657,27 @@ def test_swapped_linear_epilogue_of_the_rows_runs_along_the_tile():
     assert_accurate(out, fn(a, wt, bb, r), lambda: fp64_reference(fn, (a, wt, bb, r)), 1e-4)
     out, _ = _compile(fg, (a, wt, bb))
     assert_accurate(out, fg(a, wt, bb), lambda: fp64_reference(fg, (a, wt, bb)), 1e-4)
+
+
+def test_im2col_rows_across_image_rows_are_masked_vector_copies():
+    """A stride-1 convolution whose output is as wide as its input (14 x 14, padding 1): a panel
+    of 32 pixels spans image rows, yet its source is contiguous in every panel row; the padding
+    test becomes a lane mask per (kh, kw) and each row is vector loads kept under it
+    (``keep_lanes``). The dropped lanes read the neighbouring pixels and channels, so inf and
+    NaN there must not leak into the padding: against eager with both in the input."""
+    b = GraphBuilder()
+    x, w = b.input(0, [1, 64, 14, 14], F32), b.input(1, [64, 64, 3, 3], F32)
+    conv = b.node("conv2d", (x, w), stride=(1, 1), padding=(1, 1), dilation=(1, 1), groups=1)
+    p = _pipeline(build(b.graph([conv])), target={"cores": 2})
+    ops = {e.fn for k in p.kernels for s in walk_stmts(k.body) for e in stmt_exprs(s) for e in walk_exprs(e)
+           if isinstance(e, Op)}
+    assert "keep_lanes" in ops
+    torch.manual_seed(0)
+    for shape, ch in (([1, 64, 14, 14], 64), ([2, 16, 9, 9], 20), ([1, 8, 10, 10], 8)):
+        a, wt = torch.randn(shape), torch.randn(ch, shape[1], 3, 3)
+        a[0, 0, 0, 0], a[-1, -1, -1, -1], a[0, 1, 5, 0] = math.inf, math.nan, -math.inf
+        out, _ = _compile(lambda a, w: F.conv2d(a, w, padding=1), (a, wt), target={"cores": 2}, threads=2)
+        ref = F.conv2d(a, wt, padding=1)
+        assert torch.equal(torch.isnan(out), torch.isnan(ref)) and torch.equal(torch.isinf(out), torch.isinf(ref))
+        fin = torch.isfinite(ref)
+        assert (out[fin] - ref[fin]).abs().max() < 1e-3

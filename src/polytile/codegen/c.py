@@ -99,7 +99,9 @@ static inline pt_f32x16 pt_exp_f32x16(pt_f32x16 x) {
 # a vector that must stay in a register (op ``in_register``): an empty asm that claims to change
 # it keeps gcc from folding its load into every FMA that uses it (one 512-bit load per FMA: the
 # load port, not the FMA units, then sets the pace). Where the register class is unknown, a no-op.
-_IN_REGISTER = r"""#if defined(__x86_64__) && defined(__AVX512F__)
+_IN_REGISTER = "".join(
+    f"static inline pt_f32x{n} pt_keep_f32x{n}(pt_f32x{n} m, pt_f32x{n} v) {{\n"
+    f"  return (pt_f32x{n})((pt_i32x{n})(m != 0) & (pt_i32x{n})v); }}\n" for n in (4, 8, 16)) + r"""#if defined(__x86_64__) && defined(__AVX512F__)
 #define PT_REG16(x) ({ pt_f32x16 _r = (x); __asm__("" : "+v"(_r)); _r; })
 #else
 #define PT_REG16(x) (x)
@@ -200,6 +202,9 @@ OPS: dict[str, Callable[[list[str], str, str], str]] = {
 for _name in ("exp", "log", "log1p", "expm1", "sqrt", "sin", "cos", "tan", "tanh", "erf", "asin", "acos",
               "atan", "sinh", "cosh", "exp2", "log2", "log10"):
     OPS[_name] = (lambda f: lambda a, d, t: f(a, d))(_f(_name))
+# lanes of a vector where a mask vector is nonzero, zeros elsewhere (bitwise: exact zeros
+# whatever the dropped lanes held, inf and NaN included)
+OPS["keep_lanes"] = lambda a, d, t: f"pt_keep_f32x{lanes(d)}({a[0]}, {a[1]})"
 OPS["in_register"] = lambda a, d, t: f"PT_REG{lanes(d)}({a[0]})" if lanes(d) in (4, 8, 16) else a[0]
 _scalar_exp = OPS["exp"]
 OPS["exp"] = lambda a, d, t: f"pt_exp_f32x{lanes(d)}({a[0]})" if lanes(d) > 1 else _scalar_exp(a, d, t)
