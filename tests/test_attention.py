@@ -122,8 +122,11 @@ def test_constant_scale_folded_into_the_q_tile(tmp_path):
     assert st.get("attention_fused", 0) == 1
     main = _attention_kernel(tmp_path / "b")
     head, tiles = main.split("for (int64_t jt = ", 1)
-    c = float.hex(0.3)  # how the renderer writes the constant
-    assert c in head and c not in tiles
+    # how the renderer writes the constant: 100 query rows take the key-major form, which works
+    # in base 2 (log2(e) joins the scale)
+    from polytile.affine.build_attention import LOG2E
+    c = float.hex(0.3 * LOG2E)
+    assert c in head and c not in tiles and "pt_exp2_f32x" in tiles
 
 
 def test_key_major_scores_from_32_query_rows(tmp_path):
@@ -135,7 +138,7 @@ def test_key_major_scores_from_32_query_rows(tmp_path):
         _run(_sdpa(False), _qkv(1, 2, 2, L, 70, 32), dump_dir=str(tmp_path / name))
     rows, cols = _attention_kernel(tmp_path / "rows"), _attention_kernel(tmp_path / "cols")
     assert "reduction(max:" in rows and "reduction(max:" not in cols
-    assert "&al[" in cols and "pt_exp_f32x" in cols.split("&al[", 1)[1].split(";", 1)[0]
+    assert "&al[" in cols and "pt_exp2_f32x" in cols.split("&al[", 1)[1].split(";", 1)[0]  # (base 2)
 
 
 def test_key_major_form_reads_k_and_v_in_place(tmp_path):
@@ -282,23 +285,27 @@ def _prelude_lib(tmp_path, body: str):
     return ctypes.CDLL(str(so))
 
 
+@pytest.mark.parametrize("fn", ["exp", "exp2"])
 @pytest.mark.parametrize("lanes", [4, 8, 16])
-def test_vector_exp_of_the_renderer(tmp_path, lanes):
+def test_vector_exp_of_the_renderer(tmp_path, lanes, fn):
+    """pt_exp and pt_exp2 (the attention kernel's base-2 softmax) against float64."""
     import ctypes
 
     body = f"""
 void vexp(const float* x, float* y, long n) {{
-  for (long i = 0; i < n; i += {lanes}) *(pt_f32x{lanes}*)&y[i] = pt_exp_f32x{lanes}(*(const pt_f32x{lanes}*)&x[i]);
+  for (long i = 0; i < n; i += {lanes}) *(pt_f32x{lanes}*)&y[i] = pt_{fn}_f32x{lanes}(*(const pt_f32x{lanes}*)&x[i]);
 }}
 """
     lib = _prelude_lib(tmp_path, body)
     x = torch.cat([torch.linspace(-100, 100, 4096 * 4), torch.randn(1024) * 5,
                    torch.tensor([-math.inf, math.inf, math.nan, 0.0, -0.0, -87.0, 88.0, -88.5])])
+    if fn == "exp2":  # the same range of results: 2^x for x = the exponent e^x would have
+        x = x * 1.4426950408889634
     x = torch.cat([x, torch.zeros((-x.numel()) % lanes)])
     y = torch.empty_like(x)
     ptr = ctypes.c_void_p
     lib.vexp(ptr(x.data_ptr()), ptr(y.data_ptr()), ctypes.c_long(x.numel()))
-    ref = torch.exp(x.double())
+    ref = torch.exp(x.double()) if fn == "exp" else torch.exp2(x.double())
     normal = (ref > 1e-37) & (ref < 3e38)
     rel = ((y.double() - ref).abs() / ref)[normal]
     assert rel.max() < 5e-7, rel.max()

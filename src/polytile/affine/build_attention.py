@@ -44,6 +44,7 @@ from .linear import linear_form
 
 F32 = "float32"
 NEG_INF = Const(-math.inf, F32)
+LOG2E = 1.4426950408889634
 
 
 def _f(fn: str, *args: Expr, dtype: str = F32) -> Op:
@@ -133,6 +134,15 @@ def lower_attention(b, n: Node, target: Target, threads: int) -> tuple[list[Stmt
         q, g = qfac
         qscale = ("mul", g) if qscale is None else \
             (qscale[0], qscale[1] * g if qscale[0] == "mul" else qscale[1] / g)
+    # the key-major form with no steps but causal ones works in base 2: log2(e) joins the Q
+    # scale, so the scores and maxima are in units of log2 and every exp is an exp2, which
+    # needs no Cody-Waite reduction (1x12 L512 D64 in C: 4.10 -> 3.97 ms); the probabilities,
+    # sums and output are the same
+    base2 = cols and all(st[0] == "causal" for st in steps)
+    if base2:
+        qscale = ("mul", LOG2E) if qscale is None else \
+            ("mul", qscale[1] * LOG2E if qscale[0] == "mul" else LOG2E / qscale[1])
+    expf = "exp2" if base2 else "exp"
     SP = -(-S // BC) * BC
     bflat: Expr = c(0)
     for k, v_ in enumerate(bvars):
@@ -302,11 +312,11 @@ def lower_attention(b, n: Node, target: Target, threads: int) -> tuple[list[Stmt
             For("r", c(0), c(BR), (Store("mx", r, mnew),
                                    Store("ms", r, _f("where", Op("eq", (mnew, NEG_INF), "bool"), Const(0.0, F32),
                                                      mnew)))),
-            For("y", c(0), c(nq), (Store("al", yv, _f("exp", _f("sub", vld("mrow"), vld("ms"), dtype=vt), dtype=vt)),)),
+            For("y", c(0), c(nq), (Store("al", yv, _f(expf, _f("sub", vld("mrow"), vld("ms"), dtype=vt), dtype=vt)),)),
             # p = exp(s - ms), summed per query as it is stored
             For("r", c(0), c(BR), (Store("ps", r, Const(0.0, F32)),)),
             For("j", c(0), c(width), (For("y", c(0), c(nq), (
-                Let("pv", vt, _f("exp", _f("sub", Load("s", sv, vt), vld("ms"), dtype=vt), dtype=vt)),
+                Let("pv", vt, _f(expf, _f("sub", Load("s", sv, vt), vld("ms"), dtype=vt), dtype=vt)),
                 Store("s", sv, Var("pv", vt)),
                 Store("ps", yv, _f("add", vld("ps"), Var("pv", vt), dtype=vt)))),)),
             For("r", c(0), c(BR), (Store("lrow", r, _f("add", _f("mul", ld("lrow"), ld("al")), ld("ps"))),

@@ -74,6 +74,25 @@ static inline float pt_erfinv_f(float y) {
   return (float)x;
 }
 """
+# vector 2^x: r = x - round(x) is exact (no Cody-Waite step), a degree-6 Taylor polynomial of
+# 2^r on [-1/2, 1/2], times 2^n built in the exponent bits, the ends as pt_exp's
+_VECTOR_EXP2 = r"""static inline pt_f32x{n} pt_exp2_f32x{n}(pt_f32x{n} x) {{
+  /* max relative error 3e-7; 0 below -126, inf above 128, NaN kept */
+  pt_i32x{n} lo = x < -126.0f, hi = x > 128.0f, nan = x != x;
+  pt_f32x{n} xc = pt_sel_f32x{n}(lo, (pt_f32x{n}){{}} - 126.0f, pt_sel_f32x{n}(hi, (pt_f32x{n}){{}} + 128.0f, x));
+  pt_f32x{n} half = (pt_f32x{n})(((pt_i32x{n})xc & (int32_t)0x80000000) | 0x3f000000);
+  pt_i32x{n} ni = __builtin_convertvector(xc + half, pt_i32x{n});
+  pt_f32x{n} r = xc - __builtin_convertvector(ni, pt_f32x{n});
+  pt_f32x{n} p = r * 1.5403530393381606e-4f + 1.3333558146428443e-3f;
+  p = p * r + 9.618129107628477e-3f; p = p * r + 5.550410866482158e-2f; p = p * r + 2.402265069591007e-1f;
+  p = p * r + 6.931471805599453e-1f; p = p * r + 1.0f;
+  pt_i32x{n} top = ni > 127;  /* 2^128 is not a float: scale by 2^127, then by 2 */
+  pt_f32x{n} y = p * (pt_f32x{n})((ni + top + 127) << 23);
+  y = pt_sel_f32x{n}(top, y + y, y);
+  y = pt_sel_f32x{n}(lo, (pt_f32x{n}){{}}, y);
+  y = pt_sel_f32x{n}(hi, (pt_f32x{n}){{}} + INFINITY, y);
+  return pt_sel_f32x{n}(nan, x, y); }}
+"""
 # with AVX-512 the 16-lane exp clamps with max/min (NaN kept: they return their second operand
 # when one is NaN), rounds with vrndscaleps and scales by 2^n with vscalefps, which gives 0 and
 # inf at the ends of the range by itself (max relative error 1.2e-7 over [-87, 88.7], denormal
@@ -94,8 +113,21 @@ static inline pt_f32x16 pt_exp_f32x16(pt_f32x16 x) {
   p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201E-1f));
   p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
   return (pt_f32x16)_mm512_scalef_ps(p, n); }
+/* 2^x: no Cody-Waite step (r = x - round(x) is exact), degree-6 Taylor polynomial of 2^r on
+   [-1/2, 1/2] (relative error 1.2e-7 there); NaN kept, 0 and inf at the ends */
+static inline pt_f32x16 pt_exp2_f32x16(pt_f32x16 x) {
+  __m512 xc = _mm512_min_ps(_mm512_set1_ps(129.0f), _mm512_max_ps(_mm512_set1_ps(-200.0f), (__m512)x));
+  __m512 n = _mm512_roundscale_ps(xc, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_sub_ps(xc, n);
+  __m512 p = _mm512_fmadd_ps(_mm512_set1_ps(1.5403530393381606e-4f), r, _mm512_set1_ps(1.3333558146428443e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(9.618129107628477e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.550410866482158e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(2.402265069591007e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(6.931471805599453e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  return (pt_f32x16)_mm512_scalef_ps(p, n); }
 #else
-""" + _VECTOR_EXP.format(n=16) + "#endif\n"
+""" + _VECTOR_EXP.format(n=16) + _VECTOR_EXP2.format(n=16) + "#endif\n"
 # a vector that must stay in a register (op ``in_register``): an empty asm that claims to change
 # it keeps gcc from folding its load into every FMA that uses it (one 512-bit load per FMA: the
 # load port, not the FMA units, then sets the pace). Where the register class is unknown, a no-op.
@@ -119,7 +151,8 @@ _IN_REGISTER = "".join(
 #define PT_REG4(x) (x)
 #endif
 """
-PRELUDE = (_PRELUDE_HEAD + "".join(_VECTOR_EXP.format(n=n) for n in (4, 8)) + _AVX512_EXP + _IN_REGISTER
+PRELUDE = (_PRELUDE_HEAD + "".join(_VECTOR_EXP.format(n=n) + _VECTOR_EXP2.format(n=n) for n in (4, 8)) + _AVX512_EXP
+           + _IN_REGISTER
            + _PRELUDE_TAIL)
 
 
@@ -208,6 +241,8 @@ OPS["keep_lanes"] = lambda a, d, t: f"pt_keep_f32x{lanes(d)}({a[0]}, {a[1]})"
 OPS["in_register"] = lambda a, d, t: f"PT_REG{lanes(d)}({a[0]})" if lanes(d) in (4, 8, 16) else a[0]
 _scalar_exp = OPS["exp"]
 OPS["exp"] = lambda a, d, t: f"pt_exp_f32x{lanes(d)}({a[0]})" if lanes(d) > 1 else _scalar_exp(a, d, t)
+_scalar_exp2 = OPS["exp2"]
+OPS["exp2"] = lambda a, d, t: f"pt_exp2_f32x{lanes(d)}({a[0]})" if lanes(d) > 1 else _scalar_exp2(a, d, t)
 
 
 def const(v, dt: str) -> str:
