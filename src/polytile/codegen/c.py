@@ -33,6 +33,15 @@ float log10f(float) PT_SIMD; float powf(float, float) PT_SIMD; float atan2f(floa
 #endif
 """
 
+# the end of the portable vector exp and exp2: p times 2^n built in the exponent bits (n = ni),
+# 0 below the range (lo), inf above it (hi), NaN kept
+_TIMES_2N = r"""  pt_i32x{n} top = ni > 127;  /* 2^128 is not a float: scale by 2^127, then by 2 */
+  pt_f32x{n} y = p * (pt_f32x{n})((ni + top + 127) << 23);
+  y = pt_sel_f32x{n}(top, y + y, y);
+  y = pt_sel_f32x{n}(lo, (pt_f32x{n}){{}}, y);
+  y = pt_sel_f32x{n}(hi, (pt_f32x{n}){{}} + INFINITY, y);
+  return pt_sel_f32x{n}(nan, x, y); }}
+"""
 # vector exp, one per vector width: Cody-Waite reduction to r in [-ln2/2, ln2/2], a degree-6
 # polynomial (Cephes expf's), times 2^n built in the exponent bits
 _VECTOR_EXP = r"""static inline pt_f32x{n} pt_sel_f32x{n}(pt_i32x{n} m, pt_f32x{n} a, pt_f32x{n} b) {{
@@ -51,13 +60,7 @@ static inline pt_f32x{n} pt_exp_f32x{n}(pt_f32x{n} x) {{
   p = p * r + 8.3334519073E-3f; p = p * r + 4.1665795894E-2f; p = p * r + 1.6666665459E-1f;
   p = p * r + 5.0000001201E-1f;
   p = p * (r * r) + r + 1.0f;
-  pt_i32x{n} top = ni > 127;  /* 2^128 is not a float: scale by 2^127, then by 2 */
-  pt_f32x{n} y = p * (pt_f32x{n})((ni + top + 127) << 23);
-  y = pt_sel_f32x{n}(top, y + y, y);
-  y = pt_sel_f32x{n}(lo, (pt_f32x{n}){{}}, y);
-  y = pt_sel_f32x{n}(hi, (pt_f32x{n}){{}} + INFINITY, y);
-  return pt_sel_f32x{n}(nan, x, y); }}
-"""
+""" + _TIMES_2N
 _PRELUDE_TAIL = r"""static inline int64_t pt_floordiv_i(int64_t a, int64_t b) { if (b == 0) return 0; int64_t q = a / b; return (q * b != a && ((a < 0) != (b < 0))) ? q - 1 : q; }
 static inline int64_t pt_mod_i(int64_t a, int64_t b) { if (b == 0) return 0; int64_t r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
 static inline int64_t pt_truncdiv_i(int64_t a, int64_t b) { return b == 0 ? 0 : a / b; }
@@ -86,13 +89,7 @@ _VECTOR_EXP2 = r"""static inline pt_f32x{n} pt_exp2_f32x{n}(pt_f32x{n} x) {{
   pt_f32x{n} p = r * 1.5403530393381606e-4f + 1.3333558146428443e-3f;
   p = p * r + 9.618129107628477e-3f; p = p * r + 5.550410866482158e-2f; p = p * r + 2.402265069591007e-1f;
   p = p * r + 6.931471805599453e-1f; p = p * r + 1.0f;
-  pt_i32x{n} top = ni > 127;  /* 2^128 is not a float: scale by 2^127, then by 2 */
-  pt_f32x{n} y = p * (pt_f32x{n})((ni + top + 127) << 23);
-  y = pt_sel_f32x{n}(top, y + y, y);
-  y = pt_sel_f32x{n}(lo, (pt_f32x{n}){{}}, y);
-  y = pt_sel_f32x{n}(hi, (pt_f32x{n}){{}} + INFINITY, y);
-  return pt_sel_f32x{n}(nan, x, y); }}
-"""
+""" + _TIMES_2N
 # with AVX-512 the 16-lane exp clamps with max/min (NaN kept: they return their second operand
 # when one is NaN), rounds with vrndscaleps and scales by 2^n with vscalefps, which gives 0 and
 # inf at the ends of the range by itself (max relative error 1.2e-7 over [-87, 88.7], denormal
@@ -131,9 +128,7 @@ static inline pt_f32x16 pt_exp2_f32x16(pt_f32x16 x) {
 # a vector that must stay in a register (op ``in_register``): an empty asm that claims to change
 # it keeps gcc from folding its load into every FMA that uses it (one 512-bit load per FMA: the
 # load port, not the FMA units, then sets the pace). Where the register class is unknown, a no-op.
-_IN_REGISTER = "".join(
-    f"static inline pt_f32x{n} pt_keep_f32x{n}(pt_f32x{n} m, pt_f32x{n} v) {{\n"
-    f"  return (pt_f32x{n})((pt_i32x{n})(m != 0) & (pt_i32x{n})v); }}\n" for n in (4, 8, 16)) + r"""#if defined(__x86_64__) && defined(__AVX512F__)
+_IN_REGISTER = r"""#if defined(__x86_64__) && defined(__AVX512F__)
 #define PT_REG16(x) ({ pt_f32x16 _r = (x); __asm__("" : "+v"(_r)); _r; })
 #else
 #define PT_REG16(x) (x)
@@ -151,9 +146,13 @@ _IN_REGISTER = "".join(
 #define PT_REG4(x) (x)
 #endif
 """
+# the lanes of v where the mask m is nonzero, zeros elsewhere (op ``keep_lanes``; bitwise, so
+# the zeros are exact whatever the dropped lanes held)
+_KEEP_LANES = "".join(
+    f"static inline pt_f32x{n} pt_keep_f32x{n}(pt_f32x{n} m, pt_f32x{n} v) {{\n"
+    f"  return (pt_f32x{n})((pt_i32x{n})(m != 0) & (pt_i32x{n})v); }}\n" for n in (4, 8, 16))
 PRELUDE = (_PRELUDE_HEAD + "".join(_VECTOR_EXP.format(n=n) + _VECTOR_EXP2.format(n=n) for n in (4, 8)) + _AVX512_EXP
-           + _IN_REGISTER
-           + _PRELUDE_TAIL)
+           + _KEEP_LANES + _IN_REGISTER + _PRELUDE_TAIL)
 
 
 def _f(fname: str) -> Callable[[list[str], str], str]:

@@ -173,8 +173,8 @@ def row_tiles(n: Nest, mr: int, i0: Expr, MI: int, nv: int, vw: int, vt: str, yb
     accs = [[f"acc{x}_{y}" for y in range(nv)] for x in range(mr)]  # (C names b<n> are buffers)
     # each y vector meets mr broadcasts: pinned to a register (gcc folds the load into every
     # FMA otherwise, a 512-bit load per FMA; see codegen.c's PT_REG)
-    inner: list[Stmt] = [Let(f"yv{y}", vt, in_register(Load(ybuf, add(panel, c(y * vw)), vt)) if mr > 1 else
-                             Load(ybuf, add(panel, c(y * vw)), vt)) for y in range(nv)]
+    pin = in_register if mr > 1 else (lambda e: e)
+    inner: list[Stmt] = [Let(f"yv{y}", vt, pin(Load(ybuf, add(panel, c(y * vw)), vt))) for y in range(nv)]
     xr = in_group(n.x, rn, n.rloops, Rg)
     row0 = add(i0, mul(Var(io), c(mr)))
     chunked = kblock is None and isinstance(kc, int) and kc > 2 * SUM_CHUNK
