@@ -549,6 +549,43 @@ def test_few_panels_share_the_l2_in_reduction_blocks():
     assert_accurate(out, F.linear(a, wt), lambda: fp64_reference(lambda a, w: F.linear(a, w), (a, wt)), 1e-4)
 
 
+def k_block_of(k: int) -> int:
+    """KC of a 32-token swapped linear with reduction k (one panel) in a 512 KB L2."""
+    from polytile.transform.contraction_nest import match
+    from polytile.transform.tile_contractions import k_block
+    b = GraphBuilder()
+    x, w = b.input(0, [32, k], F32), b.input(1, [96, k], F32)
+    n = match(build(b.graph([b.matmul(x, b.transpose(w, 0, 1))])).kernels[0])
+    return k_block(n, k, 32, resolve({"l2_bytes": 512 << 10}), 1)
+
+
+def test_few_panels_block_when_x_is_streamed_per_panel():
+    """128 tokens (four panels of 32), K = 3072: one panel fits in half of a 1 MB L2 but not
+    all four, and the weight (the row operand of the swapped linear, 9 MB) does not fit in it:
+    unblocked, every panel would stream the whole weight from memory. The reduction runs in
+    blocks sized for the four panels together (KC 512), each row tile of the weight copied
+    once per block for all of them. With 768 (all four panels fit) nothing is blocked. Both
+    equal eager's."""
+    from polytile.transform.contraction_nest import match
+    from polytile.transform.tile_contractions import k_block
+    t = resolve({"l2_bytes": 1 << 20, "vector_bytes": 64, "vector_registers": 32, "cores": 2})
+    for k, n_out, kc in ((3072, 768, 512), (768, 3072, 0)):
+        b = GraphBuilder()
+        x, w = b.input(0, [128, k], F32), b.input(1, [n_out, k], F32)
+        p = build(b.graph([b.matmul(x, b.transpose(w, 0, 1))]))
+        assert k_block(match(p.kernels[0]), k, 32, t) == 0
+        tiled = _pipeline(p, target={"l2_bytes": 1 << 20, "vector_bytes": 64, "vector_registers": 32, "cores": 2})
+        blocks = [f for kk in tiled.kernels for f in walk_stmts(kk.body) if isinstance(f, For) and f.var == "kb"]
+        assert bool(blocks) == bool(kc), k
+        if kc:
+            copies = [s for f in blocks for s in walk_stmts(f.body) if isinstance(s, Alloc) and s.name == "xrows"]
+            assert copies and all(s.size % (kc + 16) == 0 for s in copies)  # (14 rows, and 768 % 14)
+    torch.manual_seed(0)
+    a, wt, bias = torch.randn(128, 3072), torch.randn(768, 3072) / 50, torch.randn(768)
+    out, _ = _compile(F.linear, (a, wt, bias), target={"l2_bytes": 1 << 20})
+    assert_accurate(out, F.linear(a, wt, bias), lambda: fp64_reference(F.linear, (a, wt, bias)), 1e-4)
+
+
 def test_long_reduction_summed_in_chunks_passes_the_accuracy_rule():
     """K = 4000 in one register tile (no reduction blocks: the panel fits in the L2): the
     reduction runs in chunks of SUM_CHUNK whose partial sums join the tile's total; a single
@@ -617,9 +654,10 @@ def test_row_operand_rows_in_one_l1_set_are_copied_apart():
     torch.manual_seed(0)
     # 32 tokens: one panel of 2 vectors (AVX-512), the weight's 96 rows in 14-row tiles; with
     # K = 1024 the panel fits in the L2 and each row tile copies its rows whole, once, outside
-    # the panel loop; K = 2560 with a smaller L2 copies 512 reductions at a time inside it
+    # the panel loop; K = 2560 with a smaller L2 runs in reduction blocks, each row tile
+    # copying the block's columns of its rows once, outside the panel loop, inside the block's
     for k, l2, copied, hoisted in ((1024, 1 << 20, True, True), (1000, 1 << 20, False, False),
-                                   (2560, 512 << 10, True, False)):
+                                   (2560, 512 << 10, True, True)):
         b = GraphBuilder()
         x, w = b.input(0, [32, k], F32), b.input(1, [96, k], F32)
         p = _pipeline(build(b.graph([b.matmul(x, b.transpose(w, 0, 1))])),
@@ -628,6 +666,11 @@ def test_row_operand_rows_in_one_l1_set_are_copied_apart():
         in_panels = [s for kk in p.kernels for f in walk_stmts(kk.body) if isinstance(f, For) and f.var == "jo"
                      for s in walk_stmts(f.body) if isinstance(s, Alloc) and s.name == "xrows"]
         assert bool(copies) == copied and bool(copies and not in_panels) == hoisted, k
+        blocks = [f for kk in p.kernels for f in walk_stmts(kk.body) if isinstance(f, For) and f.var == "kb"]
+        in_blocks = [s for f in blocks for s in walk_stmts(f.body) if isinstance(s, Alloc) and s.name == "xrows"]
+        assert bool(in_blocks) == (k == 2560)
+        # (with blocks, a copy holds only the block's columns of the tile's rows)
+        assert all(s.size % (k_block_of(k) + 16) == 0 for s in in_blocks)
         a, wt = torch.randn(32, k), torch.randn(96, k)
         for target in ({"l2_bytes": l2}, {"l2_bytes": l2, "vector_bytes": 32, "vector_registers": 16}):
             out, _ = _compile(F.linear, (a, wt), target=target)
