@@ -408,6 +408,37 @@ def test_next_row_tile_prefetched_when_x_is_read_in_place():
         assert_accurate(out, F.linear(a, wt), lambda: fp64_reference(F.linear, (a, wt)), 1e-4)
 
 
+def test_next_panel_prefetched_when_its_rows_lie_pages_apart():
+    """x @ w with w [K, N] row-major packs each panel of 48 columns inside the panel loop from
+    rows N floats apart. With N = 3072 (rows 12 KB apart, a page each) the first three row
+    tiles of panel jo prefetch, to the L2, line io of each row of panel jo + 1 (one line per
+    reduction step: 48 columns are three lines); with N = 768 (3 KB apart) nothing of w is
+    prefetched; prefetch=False leaves none. Same answer as eager either way."""
+    from polytile.affine.ir import Prefetch
+    from polytile.codegen.c import stmts as c_stmts
+    tgt = {"vector_bytes": 64, "vector_registers": 32, "cores": 2}
+    for n_out, ahead in ((3072, True), (768, False)):
+        b = GraphBuilder()
+        x, w = b.input(0, [128, 768], F32), b.input(1, [768, n_out], F32)
+        g = b.graph([b.matmul(x, w)])
+        main = _pipeline(build(g), target=tgt).kernels[-1]
+        pfs = [s for s in walk_stmts(main.body) if isinstance(s, Prefetch) and s.buf == "in1"]
+        assert bool(pfs) == ahead, n_out
+        if ahead:
+            guards = [s for s in walk_stmts(main.body) if isinstance(s, If) and any(isinstance(t, Prefetch)
+                                                                                  for t in s.then)]
+            assert guards and all(s.locality == 2 for s in pfs)
+            line = c_stmts(guards[0].then, 0)[0]
+            assert "(jo + INT64_C(1)) * INT64_C(48)" in line and "io * INT64_C(16)" in line and ", 0, 2);" in line
+            off = _pipeline(build(g), target=tgt, prefetch=False).kernels[-1]
+            assert not [s for s in walk_stmts(off.body) if isinstance(s, Prefetch)]
+    torch.manual_seed(0)
+    a, wt = torch.randn(128, 768), torch.randn(768, 3072) / 20
+    for pf in (True, False):
+        out, _ = _compile(torch.mm, (a, wt), prefetch=pf)
+        assert_accurate(out, a @ wt, lambda: fp64_reference(torch.mm, (a, wt)), 1e-4)
+
+
 def test_packed_row_operand_is_not_prefetched():
     """X packed into its own panels (a transposed row operand): no prefetches of X (its packed
     panels are read in order)."""

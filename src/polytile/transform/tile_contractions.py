@@ -45,6 +45,7 @@ FUSED_PACK_MIN_PANELS_IM2COL = 2  # ... for an implicit GEMM (a convolution), wh
 # C128 28x28 s2 0.54 -> 0.51 (plain GEMMs with 2-7 panels were slower fused: 2048x128x2048
 # 1.04x -> 0.74x eager)
 FUSED_PACK_MIN_K = 64  # ... and the reduction is at least this long
+PAGE_BYTES = 4096  # rows of Y this far apart: each on a page of its own (see ``row_tiles``' ``ahead``)
 
 
 def tile_sizes(t: Target) -> tuple[int, int, int]:
@@ -341,6 +342,12 @@ def tile_contractions(p: Program, target: Target, prefetch: bool = True) -> Prog
                     pnest = replace(f, body=(pnest,))
                 pnests.append(pnest)
             kernels.append(Kernel(f"{k.name}_pack", tuple(pnests), f"pack {n.y.buf} for {k.origin}"[:160]))
+        # the source of panel jo + 1's row R (lane 0), for the row tiles of panel jo to prefetch
+        # when a fused pack reads rows a page or more apart (``row_tiles``)
+        ahead = None
+        if fused and not kc and n.cond is None and len(jn) == 1 and len(rn) == 1 and not divmod_left \
+                and fy.get(jn[0], 0) == 1 and fy.get(rn[0], 0) * 4 >= PAGE_BYTES:
+            ahead = subst_vars(n.y, {jn[0]: mul(add(Var(jo), c(1)), c(nr)), rn[0]: R, i: c(0)}).index
         # ---- main nest over full tiles; the rows left over get a narrower tile on the same panels
         xpack = None
         fx = linear_form(n.x.index)[0]
@@ -431,7 +438,7 @@ def tile_contractions(p: Program, target: Target, prefetch: bool = True) -> Prog
             lf = pack("ypanel", add(mul(rflat, c(nr)), Var(jj)), False)
             lt = pack("ypanel", add(mul(rflat, c(nr)), Var(jj)), True)
             def both(rows: list, trows: list) -> list[Stmt]:
-                bf = panel_body(n, rows, nv, vw, vt, pk, bl, NJt, K, R, xpack, nr, lf, nr)
+                bf = panel_body(n, rows, nv, vw, vt, pk, bl, NJt, K, R, xpack, nr, lf, nr, ahead=ahead)
                 bt = panel_body(n, trows, nvt, vw, vt, pk, bl, NJt, K, R, xpack, tail, lt, nr)
                 return [If(Op("lt", (Var("jo"), c(NJ)), "bool"), tuple(bf), tuple(bt))]
             for (rows, block), (trows, _) in zip(groups, tgroups):
@@ -465,7 +472,8 @@ def tile_contractions(p: Program, target: Target, prefetch: bool = True) -> Prog
                 if local is not None:  # one nest: full row tiles and rows left over share the packed panel
                     roots += [wrap(n, f, block) for f in by_parts(
                         rows, None, jlo, jhi, lambda rr, _, vecs=vecs, width=width, local=local:
-                        panel_body(n, rr, vecs, vw, vt, pk, bl, NJt, K, R, xpack, width, local, nr))]
+                        panel_body(n, rr, vecs, vw, vt, pk, bl, NJt, K, R, xpack, width, local, nr,
+                                   ahead=ahead if width == nr else None))]
                     continue
                 for r in rows:  # rows left over: a narrower tile on the same panels
                     roots.append(tile_nest(n, [r], vecs, vw, vt, pk, bl, NJt, K, R, xpack, (jlo, jhi, width),
@@ -474,7 +482,7 @@ def tile_contractions(p: Program, target: Target, prefetch: bool = True) -> Prog
         if not prefetch:
             body = drop_prefetches(body)
         elif M * K * 4 <= target.l2_bytes // 2:  # X stays in the L2 across the panels: no row prefetches
-            body = drop_prefetches(body, lambda s: not s.write)
+            body = drop_prefetches(body, lambda s: not s.write and s.buf == n.x.buf)
         kernels.append(replace(k, body=body))
         if tout is not None:
             kernels.append(out_kernel(k, n, tout[0], M, N, vw))
