@@ -413,11 +413,12 @@ def test_next_panel_prefetched_when_its_rows_lie_pages_apart():
     rows N floats apart. With N = 3072 (rows 12 KB apart, a page each) the first three row
     tiles of panel jo prefetch, to the L2, line io of each row of panel jo + 1 (one line per
     reduction step: 48 columns are three lines); with N = 768 (3 KB apart) nothing of w is
-    prefetched; prefetch=False leaves none. Same answer as eager either way."""
+    prefetched, nor with a 512 KB L2 (the panel and the next one's lines, 288 KB, over half
+    of it); prefetch=False leaves none. Same answer as eager either way."""
     from polytile.affine.ir import Prefetch
     from polytile.codegen.c import stmts as c_stmts
-    tgt = {"vector_bytes": 64, "vector_registers": 32, "cores": 2}
-    for n_out, ahead in ((3072, True), (768, False)):
+    for n_out, l2, ahead in ((3072, 1 << 20, True), (768, 1 << 20, False), (3072, 512 << 10, False)):
+        tgt = {"vector_bytes": 64, "vector_registers": 32, "cores": 2, "l2_bytes": l2}
         b = GraphBuilder()
         x, w = b.input(0, [128, 768], F32), b.input(1, [768, n_out], F32)
         g = b.graph([b.matmul(x, w)])
