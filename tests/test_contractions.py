@@ -756,3 +756,36 @@ def test_im2col_rows_across_image_rows_are_masked_vector_copies():
         assert torch.equal(torch.isnan(out), torch.isnan(ref)) and torch.equal(torch.isinf(out), torch.isinf(ref))
         fin = torch.isfinite(ref)
         assert (out[fin] - ref[fin]).abs().max() < 1e-3
+
+
+def test_strided_im2col_rows_over_image_rows_pick_each_rows_loads():
+    """A stride-2 convolution, 56x56 -> 28x28: a panel of 32 pixels spans two or three output
+    rows; the pixels of output row oh_of[0] + k read y0 + 2 jj + k * 56 (two input rows on), so
+    each panel row is the even lanes of each segment's loads, each segment's lanes picked
+    (``pick_lanes``) and the padding kept under the lane mask (``keep_lanes``). Against eager
+    with inf and NaN beside the padding and in the rows skipped by the stride; a tiny input
+    (5x5, stride 2, 3x3 output) takes the element loop for rows whose loads would leave it."""
+    b = GraphBuilder()
+    x, w = b.input(0, [1, 64, 56, 56], F32), b.input(1, [128, 64, 3, 3], F32)
+    conv = b.node("conv2d", (x, w), stride=(2, 2), padding=(1, 1), dilation=(1, 1), groups=1)
+    p = _pipeline(build(b.graph([conv])), target={"cores": 2, "vector_bytes": 64, "vector_registers": 32})
+    ops = {e.fn for k in p.kernels for s in walk_stmts(k.body) for e in stmt_exprs(s) for e in walk_exprs(e)
+           if isinstance(e, Op)}
+    assert {"keep_lanes", "pick_lanes", "even_lanes"} <= ops
+    segs = {s.name for k in p.kernels for s in walk_stmts(k.body) if isinstance(s, Alloc) and s.name.startswith("pseg")}
+    assert segs == {"pseg1", "pseg2"}  # 32 pixels over rows of 28: up to three rows
+    torch.manual_seed(0)
+    for shape, ch, pad in (([1, 64, 56, 56], 128, 1), ([2, 16, 30, 30], 20, 1), ([1, 8, 5, 5], 8, 1),
+                           ([1, 16, 40, 40], 16, 0)):
+        a, wt = torch.randn(shape), torch.randn(ch, shape[1], 3, 3)
+        a[0, 0, 0, 0], a[-1, -1, -1, -1], a[0, 1, 3, 0], a[0, 2, 1, 3] = math.inf, math.nan, -math.inf, math.nan
+        fn = lambda a, w, pad=pad: F.conv2d(a, w, stride=2, padding=pad)  # noqa: E731
+        for target in ({"cores": 2}, {"cores": 2, "vector_bytes": 32, "vector_registers": 16}):
+            out, _ = _compile(fn, (a, wt), target=target, threads=2)
+            ref = fn(a, wt)
+            assert torch.equal(torch.isnan(out), torch.isnan(ref)) and torch.equal(torch.isinf(out), torch.isinf(ref))
+            fin = torch.isfinite(ref)
+            assert (out[fin] - ref[fin]).abs().max() < 1e-3, (shape, target)
+        a = torch.randn(shape)
+        out, _ = _compile(fn, (a, wt), target={"cores": 2})
+        assert_accurate(out, fn(a, wt), lambda: fp64_reference(fn, (a, wt)), 1e-4)

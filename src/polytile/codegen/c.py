@@ -147,10 +147,14 @@ _IN_REGISTER = r"""#if defined(__x86_64__) && defined(__AVX512F__)
 #endif
 """
 # the lanes of v where the mask m is nonzero, zeros elsewhere (op ``keep_lanes``; bitwise, so
-# the zeros are exact whatever the dropped lanes held)
+# the zeros are exact whatever the dropped lanes held); the lanes of a where m is nonzero, of b
+# elsewhere (op ``pick_lanes``, bitwise too)
 _KEEP_LANES = "".join(
     f"static inline pt_f32x{n} pt_keep_f32x{n}(pt_f32x{n} m, pt_f32x{n} v) {{\n"
-    f"  return (pt_f32x{n})((pt_i32x{n})(m != 0) & (pt_i32x{n})v); }}\n" for n in (4, 8, 16))
+    f"  return (pt_f32x{n})((pt_i32x{n})(m != 0) & (pt_i32x{n})v); }}\n"
+    f"static inline pt_f32x{n} pt_pick_f32x{n}(pt_f32x{n} m, pt_f32x{n} a, pt_f32x{n} b) {{\n"
+    f"  pt_i32x{n} k = (pt_i32x{n})(m != 0);\n"
+    f"  return (pt_f32x{n})((k & (pt_i32x{n})a) | (~k & (pt_i32x{n})b)); }}\n" for n in (4, 8, 16))
 PRELUDE = (_PRELUDE_HEAD + "".join(_VECTOR_EXP.format(n=n) + _VECTOR_EXP2.format(n=n) for n in (4, 8)) + _AVX512_EXP
            + _KEEP_LANES + _IN_REGISTER + _PRELUDE_TAIL)
 
@@ -237,6 +241,7 @@ for _name in ("exp", "log", "log1p", "expm1", "sqrt", "sin", "cos", "tan", "tanh
 # lanes of a vector where a mask vector is nonzero, zeros elsewhere (bitwise: exact zeros
 # whatever the dropped lanes held, inf and NaN included)
 OPS["keep_lanes"] = lambda a, d, t: f"pt_keep_f32x{lanes(d)}({a[0]}, {a[1]})"
+OPS["pick_lanes"] = lambda a, d, t: f"pt_pick_f32x{lanes(d)}({a[0]}, {a[1]}, {a[2]})"
 OPS["in_register"] = lambda a, d, t: f"PT_REG{lanes(d)}({a[0]})" if lanes(d) in (4, 8, 16) else a[0]
 _scalar_exp = OPS["exp"]
 OPS["exp"] = lambda a, d, t: f"pt_exp_f32x{lanes(d)}({a[0]})" if lanes(d) > 1 else _scalar_exp(a, d, t)

@@ -45,6 +45,7 @@ FUSED_PACK_MIN_PANELS_IM2COL = 2  # ... for an implicit GEMM (a convolution), wh
 # C128 28x28 s2 0.54 -> 0.51 (plain GEMMs with 2-7 panels were slower fused: 2048x128x2048
 # 1.04x -> 0.74x eager)
 FUSED_PACK_MIN_K = 64  # ... and the reduction is at least this long
+MASKED_SEGMENTS = 3  # image rows a masked panel row loads separately at most (``masked_rows``)
 PAGE_BYTES = 4096  # rows of Y this far apart: each on a page of its own (see ``row_tiles``' ``ahead``)
 
 
@@ -224,32 +225,53 @@ def tile_contractions(p: Program, target: Target, prefetch: bool = True) -> Prog
             return tuple(out)
 
         def masked_rows(y0: Load, copy: tuple[Stmt, ...], outer: list[For], pbody: tuple[Stmt, ...],
-                        chunk, step: int) -> tuple[tuple[Stmt, ...], tuple[Stmt, ...]] | None:
-            """A panel whose pixels run over image rows, of a stride-1 convolution whose output
-            is as wide as its input: the source of lane jj is y0 + jj in every panel row, only the
-            padding test varies along the lanes, and it reads no inner (channel) loop. So the
-            test is evaluated once per (kh, kw) into a lane mask, and each panel row is nv vector
-            loads kept where the mask is set (vector copies where the element loop was: the
-            im2col pack was 15% of N1 C256 14x14 3x3). The loads reach past the image, into
-            the neighbouring channels' data; rows whose loads would leave the tensor take the
-            element loop. None where this does not apply: (mask statements, row statements)."""
-            if not (fused and step == 1 and n.cond is not None and len(jn) == 2 and look is not jdec
+                        chunk, step: int, vals_at) -> tuple[tuple[Stmt, ...], tuple[Stmt, ...]] | None:
+            """A panel whose pixels run over image rows (oh), of a convolution of stride ``step``
+            (1 or 2): lane jj of the pixels on output row oh_of[0] + k reads y0 + step * jj +
+            k * D in every panel row, D = (Y's stride along oh) - step * (output width): 0 for a
+            stride-1 convolution as wide as its input, where one run of loads serves every image
+            row of the panel. Only the padding test and the segment k vary along the lanes, and
+            neither reads an inner (channel) loop. So the test is evaluated once per (kh, kw)
+            into a lane mask (``pmask``) and the segments into lane masks of their own
+            (``pseg<k>``), and each panel row is the loads of each segment (``vals_at(k * D)``),
+            each segment's lanes picked from its own (``pick_lanes``), kept where the padding
+            mask is set (``keep_lanes``, bitwise: inf or NaN in the dropped lanes never reaches
+            the zeros). Vector copies where the element loop was: the im2col pack was 15% of N1
+            C256 14x14 3x3, and a third of N8 C64 56x56 K128 3x3 stride 2, whose 28-pixel rows
+            put most 32-column panels over two of them. The loads reach past the image rows,
+            into the neighbouring rows and channels; panel rows whose loads would leave the
+            tensor take the element loop. None where this does not apply: (mask statements, row
+            statements)."""
+            if not (fused and step in (1, 2) and n.cond is not None and len(jn) == 2 and look is not jdec
                     and n.y.buf in sizes and chunk is None):  # (a separate pack scans rows instead)
                 return None
             W = trip_count(n.jloops[1])
-            if fy.get(jn[0], 0) != W:
+            D = fy.get(jn[0], 0) - step * W
+            segments = 1 if D == 0 else -(-(nr - 1) // W) + 1
+            if D < 0 or segments > MASKED_SEGMENTS:
                 return None
             tvars = {v.name for v in walk_exprs(n.cond) if isinstance(v, Var)}
             if not tvars <= set(jn) | {f.var for f in outer} | {i}:
                 return None
             cond = subst_vars(n.cond, {**look, i: c(0)})
-            mk = [Alloc("pmask", "float32", nr),
-                  For(jj, c(0), c(nr), (Store("pmask", Var(jj), Op("where", (cond, Const(1.0, "float32"),
-                                                                               Const(0.0, "float32")), "float32")),))]
-            kept = tuple(replace(st, value=Op("keep_lanes", (Load("pmask", c(y * vw), vt), st.value), vt))
+
+            def lane_mask(name: str, test: Expr) -> tuple[Stmt, ...]:
+                return (Alloc(name, "float32", nr),
+                        For(jj, c(0), c(nr), (Store(name, Var(jj), Op("where", (test, Const(1.0, "float32"),
+                                                                                  Const(0.0, "float32")), "float32")),)))
+            mk = list(lane_mask("pmask", cond))
+            oh_of = Load(f"{jn[0]}_of", Var(jj), "int64")
+            for k in range(1, segments):
+                mk += lane_mask(f"pseg{k}", Op("eq", (oh_of, add(Load(f"{jn[0]}_of", c(0), "int64"), c(k))), "bool"))
+            vals = vals_at(0)
+            for k in range(1, segments):
+                vals = [Op("pick_lanes", (Load(f"pseg{k}", c(y * vw), vt), v, prev), vt)
+                        for y, (v, prev) in enumerate(zip(vals_at(k * D), vals))]
+            kept = tuple(replace(st, value=Op("keep_lanes", (Load("pmask", c(y * vw), vt), vals[y]), vt))
                          for y, st in enumerate(copy))
+            reach = (segments - 1) * D + (nr - 1 if step == 1 else 2 * nr - 1)  # the last element loaded
             inside = Op("logical_and", (Op("ge", (y0.index, c(0)), "bool"),
-                                        Op("lt", (add(y0.index, c(nr - 1)), c(sizes[n.y.buf])), "bool")), "bool")
+                                        Op("lt", (add(y0.index, c(reach)), c(sizes[n.y.buf])), "bool")), "bool")
             return tuple(mk), (If(inside, kept, pbody),)
 
         def pack(buf: str, idx: Expr, guard: bool, chunk: tuple[Expr, int] | None = None) -> tuple[Stmt, ...]:
@@ -288,10 +310,14 @@ def tile_contractions(p: Program, target: Target, prefetch: bool = True) -> Prog
                 def part(off: int) -> Load:
                     return replace(y0, index=add(y0.index, c(off)), dtype=vt)
 
-                if step == 1:
-                    vals = [part(y * vw) for y in range(nv)]
-                else:  # stride 2 (strided convolutions): two loads, their even lanes
-                    vals = [Op("even_lanes", (part(2 * y * vw), part(2 * y * vw + vw)), vt) for y in range(nv)]
+                def vals_at(off: int) -> list[Expr]:
+                    if step == 1:
+                        return [part(off + y * vw) for y in range(nv)]
+                    # stride 2 (strided convolutions): two loads, their even lanes
+                    return [Op("even_lanes", (part(off + 2 * y * vw), part(off + 2 * y * vw + vw)), vt)
+                            for y in range(nv)]
+
+                vals = vals_at(0)
                 copy = tuple(Store(buf, subst_vars(idx, {jj: c(y * vw)}), v) for y, v in enumerate(vals))
                 test: Expr | None = None
                 if step == 2:  # the last load reaches one element past the last one used
@@ -320,7 +346,7 @@ def tile_contractions(p: Program, target: Target, prefetch: bool = True) -> Prog
                         return body
 
                     slow = nest(pbody, inner)
-                    masked = masked_rows(y0, copy, outer, pbody, chunk, step)
+                    masked = masked_rows(y0, copy, outer, pbody, chunk, step, vals_at)
                     if masked is not None:
                         pre_m, body_m = masked
                         slow = pre_m + nest(body_m, inner)
