@@ -569,7 +569,7 @@ def test_few_panels_share_the_l2_in_reduction_blocks():
     over K = 4000 failed the accuracy rule (RMSE 7.2e-5 against eager's 2.2e-5), the
     two-level sum passes (1.3e-5)."""
     from polytile.transform.contraction_nest import match
-    from polytile.transform.tile_contractions import k_block
+    from polytile.transform.contraction_sizes import k_block
     t = resolve({"l2_bytes": 2 << 20, "vector_bytes": 64, "vector_registers": 32, "cores": 2})
     b = GraphBuilder()
     x, w = b.input(0, [128, 16384], F32), b.input(1, [512, 16384], F32)
@@ -584,7 +584,7 @@ def test_few_panels_share_the_l2_in_reduction_blocks():
 def k_block_of(k: int) -> int:
     """KC of a 32-token swapped linear with reduction k (one panel) in a 512 KB L2."""
     from polytile.transform.contraction_nest import match
-    from polytile.transform.tile_contractions import k_block
+    from polytile.transform.contraction_sizes import k_block
     b = GraphBuilder()
     x, w = b.input(0, [32, k], F32), b.input(1, [96, k], F32)
     n = match(build(b.graph([b.matmul(x, b.transpose(w, 0, 1))])).kernels[0])
@@ -599,7 +599,7 @@ def test_few_panels_block_when_x_is_streamed_per_panel():
     once per block for all of them. With 768 (all four panels fit) nothing is blocked. Both
     equal eager's."""
     from polytile.transform.contraction_nest import match
-    from polytile.transform.tile_contractions import k_block
+    from polytile.transform.contraction_sizes import k_block
     t = resolve({"l2_bytes": 1 << 20, "vector_bytes": 64, "vector_registers": 32, "cores": 2})
     for k, n_out, kc in ((3072, 768, 512), (768, 3072, 0)):
         b = GraphBuilder()

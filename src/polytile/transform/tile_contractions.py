@@ -27,7 +27,8 @@ from ..affine.ir import (INDEX, Alloc, Const, Expr, For, If, Kernel, Load, Op, P
                          mul, trip_count, vector_type, walk_exprs)
 from ..affine.linear import linear_form, simplify_divmod, to_expr, uses_var
 from ..target import Target
-from .contraction_nest import Nest, batch_into_columns, batch_index, contiguous, decompose, match, orient, strides
+from .contraction_nest import batch_into_columns, batch_index, contiguous, decompose, match, orient, strides
+from .contraction_sizes import k_block, tile_sizes, wide_tile
 from .dot_form import dot_form
 from .fusion_util import subst_vars
 from .tile_nests import (few_panels_block, out_kernel, output_along_rows, panel_body, row_groups, row_split,
@@ -47,58 +48,6 @@ FUSED_PACK_MIN_PANELS_IM2COL = 2  # ... for an implicit GEMM (a convolution), wh
 FUSED_PACK_MIN_K = 64  # ... and the reduction is at least this long
 MASKED_SEGMENTS = 3  # image rows a masked panel row loads separately at most (``masked_rows``)
 PAGE_BYTES = 4096  # rows of Y this far apart: each on a page of its own (see ``row_tiles``' ``ahead``)
-
-
-def tile_sizes(t: Target) -> tuple[int, int, int]:
-    """(MR, NV, VW): rows of the register tile, vectors per row, lanes per vector."""
-    vw = t.lanes(4)
-    nv = 2
-    mr = max(1, min(8 if t.vector_registers <= 16 else 14, (t.vector_registers - nv - 1) // nv))
-    return mr, nv, vw
-
-
-def wide_tile(t: Target, mr: int, nv: int, vw: int, N: int, K: int) -> tuple[int, int]:
-    """(MR, NV) for a nest with N columns: with 32 vector registers and columns for it, a 9 x 3
-    vector tile instead of 14 x 2 (each panel then meets all of X once per 48 columns, not 32:
-    measured +4-12% on 10 of 12 GEMM shapes on an AVX-512 Xeon, -2% on one). Matmul-like nests
-    only (one column loop): on convolutions (pixels as columns) it was mixed, -10 to +50%."""
-    # the panels shared over the cores unless they all fit in the L2 (then the row tiles are,
-    # see ``rows_outer``)
-    panels_shared = -(-N // (3 * vw)) * K * 3 * vw * 4 > t.l2_bytes // 2
-    if t.vector_registers >= 32 and N >= 3 * vw and not (panels_shared and _unbalanced(N, 3 * vw, nv * vw, t.cores)):
-        return (t.vector_registers - 3 - 1) // 3, 3
-    return mr, nv
-
-
-def _unbalanced(N: int, wide: int, narrow: int, cores: int) -> bool:
-    """Whether panels of ``wide`` columns, shared over the cores in contiguous chunks (OpenMP's
-    static schedule), leave the busiest core more than 1/12 more columns to compute than panels
-    of ``narrow`` do (a partial last panel computes only the vectors it has columns for).
-    N = 512 over two cores: 11 panels of 48, six on one core, 288 columns, against 8 + 8
-    panels of 32, 256 columns."""
-    def busiest(nr: int) -> int:
-        panels = -(-N // nr)
-        cols = [nr] * (panels - 1) + [-(-(N - (panels - 1) * nr) // 16) * 16]
-        chunk = -(-panels // cores)
-        return max(sum(cols[i:i + chunk]) for i in range(0, panels, chunk))
-
-    return 12 * busiest(wide) > 13 * busiest(narrow)
-
-
-def k_block(n: Nest, K: int, nr: int, t: Target, panels: int = 1) -> int:
-    """KC, the reduction block, when a packed panel of the whole reduction (K x nr) would not fit
-    in half the L2 (K = 500000: the panels and the row operand streamed from memory once per
-    panel); 0 for no blocking. Matmul-like nests only (one column and one reduction loop, no
-    batch loop, no condition). Blocks of about a quarter of the L2 for ``panels`` panels
-    together (few panels: every row tile meets all of them, see ``few_panels_block``), balanced
-    over K."""
-    if n.batch or n.cond is not None or len(n.jloops) != 1 or len(n.rloops) != 1 \
-            or K * nr * 4 * panels <= t.l2_bytes // 2:
-        return 0
-    vw = t.lanes(4)
-    most = max(vw, t.l2_bytes // 4 // (panels * nr * 4) // vw * vw)
-    blocks = -(-K // most)
-    return -(-(-(-K // blocks)) // vw) * vw
 
 
 def tile_contractions(p: Program, target: Target, prefetch: bool = True) -> Program:
