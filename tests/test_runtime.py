@@ -398,6 +398,55 @@ def test_repeated_calls_are_stable():
     assert torch.equal(g(x, *ws)[0], first)
 
 
+def _big(x, w):
+    return (torch.relu(x @ w) + 1.0,)
+
+
+def test_large_outputs_reuse_dropped_blocks_only():
+    """Outputs of 256 KB and more reuse the memory of a previous call's output once that output
+    (and every view of it) is gone, and never while anything still reads it."""
+    x, w = torch.randn(256, 64), torch.randn(64, 512)  # a 512 KB output
+    g = compile_fn(_big, x, w)
+    (ng,) = _natives(g)
+    pool = ng.output_pool
+    assert pool is not None
+    want = _big(x, w)[0]
+    first = g(x, w)[0]
+    torch.testing.assert_close(first, want)
+    assert first.is_contiguous() and first.shape == want.shape and first.dtype == want.dtype
+    ptr = first.data_ptr()
+    keep_view = first[3:5]  # a view keeps the block alive after the tensor itself is dropped
+    del first
+    x2 = torch.randn(256, 64)
+    second = g(x2, w)[0]
+    assert second.data_ptr() != ptr and pool.reused == 0
+    torch.testing.assert_close(keep_view, want[3:5])  # untouched by the second call
+    arr = second.numpy()  # so does a numpy array on it
+    del second
+    third = g(x, w)[0]
+    torch.testing.assert_close(third, want)
+    torch.testing.assert_close(torch.from_numpy(arr), _big(x2, w)[0])
+    del keep_view
+    fourth = g(x2, w)[0]  # the first call's block is free now
+    assert fourth.data_ptr() == ptr and pool.reused == 1
+    torch.testing.assert_close(fourth, _big(x2, w)[0])
+    torch.testing.assert_close(third, want)
+    del arr, third, fourth
+    assert pool.free_bytes <= pool.keep_bytes
+
+
+def test_small_outputs_and_reuse_off_use_fresh_tensors():
+    x, w = torch.randn(256, 64), torch.randn(64, 512)
+    g = compile_fn(_big, x, w, reuse_outputs=False)
+    (ng,) = _natives(g)
+    assert ng.output_pool is None
+    a = g(x, w)[0]
+    a.resize_(600, 512)  # an ordinary torch tensor, resizable
+    torch.testing.assert_close(a[:256], _big(x, w)[0])
+    g_small = compile_fn(_big, torch.randn(4, 8), torch.randn(8, 16))
+    assert _natives(g_small)[0].output_pool is None
+
+
 def test_profile_times_every_kernel_call():
     import torch.nn.functional as F
 

@@ -57,7 +57,7 @@ def compile_graph_ir(graph: Graph, input_specs: list[TensorSpec], options: Optio
     stats.bump("graphs_compiled")
     outs = [TensorSpec(n.shape, contiguous_strides(n.shape), n.dtype) for n in graph.outputs]
     ng = NativeGraph(so, input_specs, outs, plan.arena_bytes, options.threads, name=name,
-                     input_labels=input_labels)
+                     input_labels=input_labels, reuse_outputs=options.reuse_outputs)
     ng.memory_plan = plan
     ng.num_kernels = len(prog.kernels)
     if options.profile:

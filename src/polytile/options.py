@@ -71,6 +71,10 @@ class Options:
     profile: bool = False
     """Time every kernel call inside the generated entry point (clock_gettime around each
     call); read the totals with ``polytile.profile()`` / ``polytile.format_profile()``."""
+    reuse_outputs: bool = True
+    """Graph outputs of 256 KB and more live in memory that the graph keeps and reuses once the
+    caller has dropped them (at most two calls' worth held), instead of fresh pages from malloc
+    that fault on first write. Their storage cannot be resized."""
     target: Any = None
     """Overrides of the detected machine description (``polytile.target.Target`` fields),
     e.g. ``{"vector_bytes": 16}``; the cost models read the result."""
