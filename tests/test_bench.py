@@ -23,17 +23,37 @@ def test_models_csv_is_read():
 
 def test_report_files(tmp_path):
     rs = [suite.ModelResult("timm", "a", 1, status="pass", accuracy="pass", eager_ms=10.0, inductor_ms=8.0,
-                            polytile_ms=5.0, compile_s=1.0, rounds=3),
+                            polytile_ms=5.0, compile_s=1.0, rounds=3, gflop=0.4),
           suite.ModelResult("huggingface", "b", 1, status="fallback", accuracy="pass", eager_ms=10.0,
                             polytile_ms=20.0, fallbacks={"aten.flip.default": 1}, rounds=3),
           suite.ModelResult("timm", "c", 1, status="fail_compile", error="Boom: broken")]
-    paths = report.write_report(rs, {"torch": "x"}, str(tmp_path), "polytile bench models")
+    paths = report.write_report(rs, {"torch": "x", report.PEAK_KEY: 100.0}, str(tmp_path), "polytile bench models")
     md = open(paths["markdown"]).read()
     assert "pass rate 1/3" in md and "2.00x vs eager" in md and "1.60x vs Inductor" in md
+    row_a = next(line for line in md.splitlines() if "| a " in line)
+    # 0.4 GFLOP at 100 GFLOP/s is 4 ms: 80% of polytile's 5 ms, and 2x under Inductor's 8 ms at best
+    assert "| 0.4 " in row_a and "| 80 " in row_a and "| 2.00 " in row_a
     assert "flip.default x1" in md and "Boom: broken" in md  # every failure has its cause
     data = json.load(open(paths["json"]))
     assert [r["name"] for r in data["results"]] == ["a", "b", "c"]
     assert os.path.getsize(paths["chart"]) > 1000
+
+
+def test_contraction_flops_counted():
+    import torch
+
+    from polytile.bench.flops import contraction_gflop, peak_ms
+
+    x, w = torch.randn(6, 7), torch.randn(5, 7)
+    conv_x, conv_w = torch.randn(1, 3, 8, 8), torch.randn(4, 3, 3, 3)
+
+    def call():
+        torch.nn.functional.linear(x, w)  # 2*6*5*7 = 420
+        torch.nn.functional.conv2d(conv_x, conv_w)  # 2 * 4*6*6 outputs * 27 = 7776
+        torch.relu(x)  # not a contraction
+
+    assert contraction_gflop(call) * 1e9 == pytest.approx(420 + 7776)
+    assert peak_ms(2.0, 100.0) == pytest.approx(20.0) and peak_ms(None, 100.0) is None
 
 
 @pytest.mark.slow
@@ -44,4 +64,4 @@ def test_suite_on_small_models(name):
     spec = next(s for s in zoo.read_models(CSV) if s.name == name)
     r = suite.run_model(spec, batch=1, threads=2, rounds=2, time_budget_s=10, inductor=False)
     assert r.status == "pass", (r.status, r.accuracy, r.error, r.fallbacks)
-    assert r.eager_ms > 0 and r.polytile_ms > 0 and r.compile_s > 0 and r.kernels > 0
+    assert r.eager_ms > 0 and r.polytile_ms > 0 and r.compile_s > 0 and r.kernels > 0 and r.gflop > 0

@@ -90,6 +90,9 @@ def _bench_models(a, argv) -> int:
     command = "polytile " + " ".join(argv if argv is not None else sys.argv[1:])
     env = suite.environment()
     env["threads"] = a.threads
+    from .bench.peak import fma_peak
+
+    env[report.PEAK_KEY] = round(fma_peak(a.threads) / 1e9, 1)
 
     def save(results):  # rewrite the report after every model: a long run leaves partial results
         report.write_report(results, env, a.out, command)
@@ -101,6 +104,8 @@ def _bench_models(a, argv) -> int:
         env["polytile options"] = extra
     results = suite.run_suite(specs, batch=a.batch, threads=a.threads, rounds=a.rounds, time_budget_s=a.budget,
                               inductor=not a.no_inductor, on_result=save, options=extra)
+    # again at the end, the larger kept (a reading taken while the host was busy is low)
+    env[report.PEAK_KEY] = max(env[report.PEAK_KEY], round(fma_peak(a.threads) / 1e9, 1))
     paths = report.write_report(results, env, a.out, command)
     print(report.summary(results))
     for k, v in paths.items():

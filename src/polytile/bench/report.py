@@ -6,7 +6,10 @@ import math
 import os
 
 from ..benchmarking import format_table
+from .flops import peak_ms
 from .suite import ModelResult
+
+PEAK_KEY = "fma peak GFLOP/s"
 
 
 def geomean(xs: list[float]) -> float | None:
@@ -27,15 +30,23 @@ def _f(x, spec=".1f"):
     return "-" if x is None else format(x, spec)
 
 
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a and b else None
+
+
 def markdown(results: list[ModelResult], env: dict, command: str) -> str:
     rows = []
+    peak = env.get(PEAK_KEY)
     for r in results:
         fb = ", ".join(f"{k.replace('aten.', '')} x{v}" for k, v in sorted(r.fallbacks.items())) or "0"
+        at_peak = peak_ms(r.gflop, peak)
         rows.append([r.suite, r.name, r.batch, r.status, r.accuracy[:60] or "-", _f(r.eager_ms), _f(r.inductor_ms),
                      _f(r.polytile_ms), _f(r.speedup_eager, ".2f"), _f(r.speedup_inductor, ".2f"),
-                     _f(r.compile_s), fb, r.rounds])
+                     _f(r.gflop), _f(_ratio(100 * at_peak, r.polytile_ms) if at_peak else None, ".0f"),
+                     _f(_ratio(r.inductor_ms, at_peak), ".2f"), _f(r.compile_s), fb, r.rounds])
     table = format_table(["suite", "model", "batch", "status", "accuracy", "eager ms", "inductor ms", "polytile ms",
-                          "vs eager", "vs inductor", "compile s", "fallbacks", "rounds"], rows)
+                          "vs eager", "vs inductor", "GFLOP", "% of peak", "ceiling vs inductor", "compile s",
+                          "fallbacks", "rounds"], rows)
     failures = [f"- **{r.name}** ({r.status}): {r.error or r.accuracy or ', '.join(r.fallbacks)}"
                 for r in results if r.status != "pass"]
     env_lines = "\n".join(f"- {k}: {v}" for k, v in env.items())
@@ -44,7 +55,11 @@ def markdown(results: list[ModelResult], env: dict, command: str) -> str:
         "**" + summary(results) + "**",
         "Times are medians of alternating calls (eager, polytile, Inductor, ...) after warm-up, "
         "under torch.no_grad(), all with the same thread count; `rounds` is how many calls each "
-        "system got (fewer for slow models, to bound the run).",
+        "system got (fewer for slow models, to bound the run). `GFLOP` is the contraction work of one "
+        "call (matmul, bmm, convolution, attention; torch's FlopCounterMode on eager); `% of peak` is "
+        "that work over polytile's whole time against the FMA peak measured in the same run; `ceiling "
+        "vs inductor` is the speedup over Inductor that running those contractions at exactly the "
+        "peak, and everything else in no time, would give: no compiler can beat it on this machine.",
         table, "## Failures and their causes\n\n" + ("\n".join(failures) if failures else "none"),
     ]) + "\n"
 

@@ -14,6 +14,7 @@ import torch
 from ..accuracy import check_accuracy, fp64_reference
 from ..benchmarking import time_side_by_side
 from . import zoo
+from .flops import contraction_gflop
 
 TOL = 1e-3  # DESIGN.md: HF/TIMM inference in fp32
 
@@ -32,6 +33,7 @@ class ModelResult:
     fallbacks: dict = field(default_factory=dict)
     kernels: int = 0
     rounds: int = 0
+    gflop: float | None = None  # contraction work of one call (bench/flops.py)
     error: str = ""
 
     @property
@@ -73,6 +75,7 @@ def run_model(spec: zoo.ModelSpec, *, batch: int | None = None, threads: int = 2
         except Exception as e:
             res.status, res.error = "fail_eager", _short(e)
             return res
+        res.gflop = contraction_gflop(w)
         try:
             compiled = torch.compile(w.model, backend="polytile", options={"threads": threads, **(options or {})})
             t0 = time.perf_counter()
