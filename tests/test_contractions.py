@@ -789,3 +789,44 @@ def test_strided_im2col_rows_over_image_rows_pick_each_rows_loads():
         a = torch.randn(shape)
         out, _ = _compile(fn, (a, wt), target={"cores": 2})
         assert_accurate(out, fn(a, wt), lambda: fp64_reference(fn, (a, wt)), 1e-4)
+
+
+def test_implicit_gemm_blocks_all_panels_when_the_weight_is_streamed_per_panel():
+    """A convolution with a long reduction (C464 3x3: K = 4176, a 32-pixel panel of it 534 KB,
+    over half of a 1 MB L2) and panels enough for both cores (N5 7x7: 245 pixels, 8 panels):
+    the reduction runs in blocks of whole input channels (KC a multiple of 9 = kh * kw), every
+    panel's block packed (with the padding) and every row tile of the weight meeting all of
+    them; the panels run over five image rows, so their lanes' offsets in the input and padding
+    tests are computed once per (kh, kw) (``offset_lanes``). With two panels (N1 C512 7x7) or a
+    short reduction (C128) nothing is blocked. All equal eager's, with inf and NaN beside the
+    padding."""
+    tgt = {"l2_bytes": 1 << 20, "vector_bytes": 64, "vector_registers": 32, "cores": 2}
+    t = resolve(tgt)
+    for n_, ci, hw, blocked in ((5, 464, 7, True), (1, 512, 7, False), (5, 128, 7, False)):
+        b = GraphBuilder()
+        x, w = b.input(0, [n_, ci, hw, hw], F32), b.input(1, [40, ci, 3, 3], F32)
+        conv = b.node("conv2d", (x, w), stride=(1, 1), padding=(1, 1), dilation=(1, 1), groups=1)
+        p = build(b.graph([conv]))
+        tiled = _pipeline(p, target=tgt)
+        blocks = [f for kk in tiled.kernels for f in walk_stmts(kk.body) if isinstance(f, For) and f.var == "kb"]
+        assert bool(blocks) == blocked, (n_, ci, hw)
+        if blocked:  # each block packs a range of input channels with all of (kh, kw)
+            packs = [f for f in walk_stmts(blocks[0].body) if isinstance(f, For) and f.var == "rl"]
+            assert packs and all(isinstance(f.hi, Const) for f in packs)
+            kc = 9 * packs[0].hi.value
+            assert 128 <= kc < ci * 9 and kc * 32 * 4 * 8 <= t.l2_bytes // 2, kc
+            # panels over five image rows: each lane's offset and padding test once per (kh, kw)
+            lanes = {s.name for s in walk_stmts(blocks[0].body) if isinstance(s, Alloc)}
+            assert {"poff", "pok"} <= lanes
+    torch.manual_seed(0)
+    fn = lambda a, w: F.conv2d(a, w, padding=1)  # noqa: E731
+    a, wt = torch.randn(5, 464, 7, 7), torch.randn(40, 464, 3, 3) / 30
+    a[0, 0, 0, 0], a[-1, -1, -1, -1], a[2, 100, 3, 0] = math.inf, math.nan, -math.inf
+    out, _ = _compile(fn, (a, wt), target={"cores": 2, "l2_bytes": 1 << 20}, threads=2)
+    ref = fn(a, wt)
+    assert torch.equal(torch.isnan(out), torch.isnan(ref)) and torch.equal(torch.isinf(out), torch.isinf(ref))
+    fin = torch.isfinite(ref)
+    assert (out[fin] - ref[fin]).abs().max() < 1e-3
+    a = torch.randn(5, 464, 7, 7)
+    out, _ = _compile(fn, (a, wt), target={"cores": 2, "l2_bytes": 1 << 20}, threads=2)
+    assert_accurate(out, fn(a, wt), lambda: fp64_reference(fn, (a, wt)), 1e-4)

@@ -2,6 +2,9 @@
 Target (vector registers and width, L2 size, cores): the analytical part of its cost model."""
 from __future__ import annotations
 
+from math import gcd
+
+from ..affine.ir import trip_count
 from ..target import Target
 from .contraction_nest import Nest
 
@@ -45,14 +48,20 @@ def _unbalanced(N: int, wide: int, narrow: int, cores: int) -> bool:
 def k_block(n: Nest, K: int, nr: int, t: Target, panels: int = 1) -> int:
     """KC, the reduction block, when a packed panel of the whole reduction (K x nr) would not fit
     in half the L2 (K = 500000: the panels and the row operand streamed from memory once per
-    panel); 0 for no blocking. Matmul-like nests only (one column and one reduction loop, no
-    batch loop, no condition). Blocks of about a quarter of the L2 for ``panels`` panels
+    panel); 0 for no blocking. Nests without a batch loop (or with one of one step: a convolution's
+    single group); a block is a range of the outermost
+    reduction loop with the inner ones whole (an implicit GEMM, a convolution: a range of input
+    channels with all of (kh, kw)). Blocks of about a quarter of the L2 for ``panels`` panels
     together (few panels: every row tile meets all of them, see ``few_panels_block``), balanced
     over K."""
-    if n.batch or n.cond is not None or len(n.jloops) != 1 or len(n.rloops) != 1 \
-            or K * nr * 4 * panels <= t.l2_bytes // 2:
+    if any(trip_count(f) != 1 for f in n.batch) or K * nr * 4 * panels <= t.l2_bytes // 2:
         return 0
     vw = t.lanes(4)
-    most = max(vw, t.l2_bytes // 4 // (panels * nr * 4) // vw * vw)
+    inner = K // trip_count(n.rloops[0])  # the reduction per step of the outermost loop
+    unit = vw * inner // gcd(vw, inner)  # whole steps, whole vectors where that is not too coarse
+    most = t.l2_bytes // 4 // (panels * nr * 4)
+    if unit > most and inner > 1:
+        unit = inner
+    most = max(unit, most // unit * unit)
     blocks = -(-K // most)
-    return -(-(-(-K // blocks)) // vw) * vw
+    return -(-(-(-K // blocks)) // unit) * unit

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..affine.ir import (INDEX, Alloc, Const, Expr, For, If, Kernel, Load, Op, Program, Stmt, Store, Var, add, c,
+from ..affine.ir import (INDEX, Alloc, Const, Expr, For, If, Kernel, Let, Load, Op, Program, Stmt, Store, Var, add, c,
                          mul, trip_count, vector_type, walk_exprs)
 from ..affine.linear import linear_form, simplify_divmod, to_expr, uses_var
 from ..target import Target
@@ -46,8 +46,17 @@ FUSED_PACK_MIN_PANELS_IM2COL = 2  # ... for an implicit GEMM (a convolution), wh
 # C128 28x28 s2 0.54 -> 0.51 (plain GEMMs with 2-7 panels were slower fused: 2048x128x2048
 # 1.04x -> 0.74x eager)
 FUSED_PACK_MIN_K = 64  # ... and the reduction is at least this long
+ALL_PANELS_MIN_KC = 128  # the shortest block worth every panel's block at once (``all_panels``)
 MASKED_SEGMENTS = 3  # image rows a masked panel row loads separately at most (``masked_rows``)
 PAGE_BYTES = 4096  # rows of Y this far apart: each on a page of its own (see ``row_tiles``' ``ahead``)
+
+
+def chunk_start(r0: Expr, inner: int) -> Expr:
+    """The first step of the outermost reduction loop in a block that starts at flat index
+    ``r0`` (a multiple of ``inner``, the reduction per step: ``k_block``)."""
+    lf = linear_form(r0)
+    assert lf is not None and lf[1] % inner == 0 and all(k % inner == 0 for k in lf[0].values()), r0
+    return to_expr({v: k // inner for v, k in lf[0].items()}, lf[1] // inner)
 
 
 def tile_contractions(p: Program, target: Target, prefetch: bool = True) -> Program:
@@ -100,7 +109,18 @@ def tile_contractions(p: Program, target: Target, prefetch: bool = True) -> Prog
         mr = min(mr, M)
         nr = nv * vw
         kc = k_block(n, K, nr, target)
-        if -(-N // nr) < 4 * target.cores and (kc or M * K * 4 > target.l2_bytes):
+        all_panels = False
+        if len(n.jloops) > 1 or n.cond is not None:
+            # an implicit GEMM (a convolution) is blocked only when its panels' blocks fit in the
+            # L2 together at a block long enough and there are panels enough for every core:
+            # all of them packed per block and every row tile meeting them, X read once in all
+            # instead of once per panel (N8 C512 7x7 3x3, 13 panels of 32 pixels, weight 9.4 MB:
+            # 12.2 -> 10.2 ms, Zen 4); with fewer panels, X streamed once per panel unblocked
+            # was faster (N1 C512 7x7, two panels: 1.95 ms against 2.9 blocked)
+            kc_all = k_block(n, K, nr, target, -(-N // nr)) if kc and -(-N // nr) >= 4 * target.cores else 0
+            all_panels = kc_all >= ALL_PANELS_MIN_KC
+            kc = kc_all if all_panels else 0
+        elif -(-N // nr) < 4 * target.cores and (kc or M * K * 4 > target.l2_bytes):
             # few panels: each block of all of them must stay in the L2 together while every row
             # tile meets them (128x16384x4096, 4 panels: KC 4096 -> 1024, 104 -> 88 ms); also
             # when each panel fits but not all of them, and X does not fit in the L2: unblocked,
@@ -223,21 +243,66 @@ def tile_contractions(p: Program, target: Target, prefetch: bool = True) -> Prog
                                         Op("lt", (add(y0.index, c(reach)), c(sizes[n.y.buf])), "bool")), "bool")
             return tuple(mk), (If(inside, kept, pbody),)
 
+        def offset_lanes(pv: Expr, inner: list[For], rloops: list[For], buf: str, idx: Expr) -> tuple[Stmt, ...] | None:
+            """The element loop of a panel whose pixels run over image rows (``look``: their
+            coordinates from per-panel tables), when neither the padding test nor the pixel part
+            of Y's index reads the inner reduction loops (input channels): per (kh, kw), each
+            lane's offset in Y and whether it is inside the image, computed once (``poff``,
+            ``pok``: out-of-image lanes get offset 0, an address inside Y), then every inner
+            step is one load per lane at its offset plus the step's own, kept where ``pok`` is
+            set: no div/mod, no test and no table lookups per element (N8 C512 7x7 3x3, 32-pixel
+            panels over 5 image rows, all blocked: 10.2 -> 9.6 ms, Zen 4). None where that does not hold."""
+            if look is jdec or n.cond is None or n.y.buf not in sizes or not inner:
+                return None
+            if not (isinstance(pv, Op) and pv.fn == "where" and isinstance(pv.args[1], Load)
+                    and pv.args[1].buf == n.y.buf and isinstance(pv.args[2], Const)):
+                return None
+            test_, ld = pv.args[0], pv.args[1]
+            names = [f.var for f in inner]
+            if any(uses_var(test_, v) for v in names):
+                return None
+            orig = {"rl": rn[0]} if rloops[0].var == "rl" else {}
+            coefs = [fy.get(orig.get(v, v), 0) for v in names]
+            if any(k < 0 for k in coefs) or \
+                    sum(k * (trip_count(f) - 1) for k, f in zip(coefs, inner)) >= sizes[n.y.buf]:
+                return None
+            base = subst_vars(ld.index, {v: c(0) for v in names})
+            if any(uses_var(base, v) for v in names):
+                return None
+            step_off = to_expr(dict(zip(names, coefs)), 0)
+            offs = (Alloc("poff", "int64", nr), Alloc("pok", "int64", nr),
+                    For(jj, c(0), c(nr), (Store("poff", Var(jj), Op("where", (test_, base, c(0)), INDEX)),
+                                          Store("pok", Var(jj), Op("where", (test_, c(1), c(0)), INDEX)))))
+            # the load unconditional (its address is inside Y on every lane), so that the lane
+            # loop vectorizes to gathers and a select
+            val = Op("where", (Op("ne", (Load("pok", Var(jj), "int64"), c(0)), "bool"), Var("pv", ld.dtype),
+                               pv.args[2]), pv.dtype)
+            body: tuple[Stmt, ...] = (For(jj, c(0), c(nr), (
+                Let("pv", ld.dtype, replace(ld, index=add(Load("poff", Var(jj), "int64"), step_off))),
+                Store(buf, idx, val))),)
+            for f in reversed(inner):
+                body = (replace(f, body=body),)
+            return offs + body
+
         def pack(buf: str, idx: Expr, guard: bool, chunk: tuple[Expr, int] | None = None) -> tuple[Stmt, ...]:
             """Panel jo of Y into ``buf`` at ``idx``; with ``guard``, zeros past column N; with
-            ``chunk`` = (r0, kc) (one reduction loop only), its rows r0 + [0, kc) at 0 + [0, kc)."""
-            pval_, rloops, Kp = pval, n.rloops, K
+            ``chunk`` = (r0, kc), its rows r0 + [0, kc) at 0 + [0, kc) (a range of the outermost
+            reduction loop, the inner ones whole: ``k_block``)."""
+            pval_, rloops, Kp = pval, list(n.rloops), K
             if chunk is not None:
-                pval_ = subst_vars(pval, {rn[0]: add(chunk[0], Var("rl"))})
+                per_step = K // trip_count(n.rloops[0])
+                r0o = chunk_start(chunk[0], per_step)
+                pval_ = subst_vars(pval, {rn[0]: add(r0o, Var("rl"))})
                 idx = subst_vars(idx, {rn[0]: Var("rl")})
-                rloops, Kp = [For("rl", c(0), c(chunk[1]), ())], chunk[1]
+                rloops, Kp = [For("rl", c(0), c(chunk[1] // per_step), ()), *n.rloops[1:]], chunk[1]
             rname = rloops[0].var
             st: Stmt = Store(buf, idx, pval_)
             if guard:  # columns past N: zeros, their sources never read
                 jflat = add(mul(Var(jo), c(nr)), Var(jj))
                 st = If(Op("lt", (jflat, c(N)), "bool"), (st,), (Store(buf, idx, Const(0.0, "float32")),))
             pbody: tuple[Stmt, ...] = (For(jj, c(0), c(nr), (st,)),)
-            if len(jn) == 2 and divmod_left and chunk is None and not fused:
+            scanned = len(jn) == 2 and divmod_left and chunk is None and not fused
+            if scanned:
                 # (in the per-panel pack of a fused kernel it was slower: 28x28 C128 3x3 0.68 ->
                 # 0.72 ms, N8 C64 56x56 5.5 -> 5.9; the element loop stays there)
                 pbody = scan_rows(buf, idx, guard)
@@ -254,7 +319,7 @@ def tile_contractions(p: Program, target: Target, prefetch: bool = True) -> Prog
                 at = look
                 y0 = subst_vars(subst_vars(n.y, {**at, i: c(0)}), {jj: c(0)})
                 if chunk is not None:
-                    y0 = subst_vars(y0, {rn[0]: add(chunk[0], Var("rl"))})
+                    y0 = subst_vars(y0, {rn[0]: add(chunk_start(chunk[0], K // trip_count(n.rloops[0])), Var("rl"))})
 
                 def part(off: int) -> Load:
                     return replace(y0, index=add(y0.index, c(off)), dtype=vt)
@@ -286,8 +351,8 @@ def tile_contractions(p: Program, target: Target, prefetch: bool = True) -> Prog
                     # reduction loops the test does not read (input channels) go inside both
                     # branches: the test runs once per (kh, kw) of the panel, not per element
                     tvars = {v.name for v in walk_exprs(test) if isinstance(v, Var)}
-                    outer = [f for f in n.rloops if f.var in tvars]
-                    inner = [f for f in n.rloops if f.var not in tvars]
+                    outer = [f for f in rloops if f.var in tvars]
+                    inner = [f for f in rloops if f.var not in tvars]
 
                     def nest(body: tuple[Stmt, ...], loops: list[For]) -> tuple[Stmt, ...]:
                         for f in reversed(loops):
@@ -299,6 +364,8 @@ def tile_contractions(p: Program, target: Target, prefetch: bool = True) -> Prog
                     if masked is not None:
                         pre_m, body_m = masked
                         slow = pre_m + nest(body_m, inner)
+                    elif not scanned:
+                        slow = offset_lanes(pval_, inner, rloops, buf, idx) or slow
                     return tuple(pre) + nest((If(test, nest(copy, inner), slow),), outer)
                 stmts: tuple[Stmt, ...] = copy
             else:
@@ -390,7 +457,8 @@ def tile_contractions(p: Program, target: Target, prefetch: bool = True) -> Prog
             # accumulate in ``cacc`` between blocks, the last block applies the epilogue
             cacc = new_temp(buffers, M * NJt * nr)
             blocks = reduction_blocks(K, kc)
-            few = NJt < 4 * target.cores  # too few panels to share: parallel over row tiles instead
+            # too few panels to share: parallel over row tiles instead
+            few = NJt < 4 * target.cores or all_panels
             yblk = new_temp(buffers, NJt * kc * nr) if few else ""
             for r0, kcb, loop, reload, final in blocks:
                 kblock = (r0, kcb, reload, final, cacc, NJt * nr)
@@ -410,6 +478,10 @@ def tile_contractions(p: Program, target: Target, prefetch: bool = True) -> Prog
                     body = [If(Op("lt", (Var("jo"), c(NJ)), "bool"), tuple(body), tuple(bt))]
                 root: Stmt = For("jo", c(0), c(NJt), tuple(body), parallel=True)
                 roots.append(For("kb", c(0), c(loop), (root,)) if loop else root)
+            # batch loops of one step (a convolution's single group) around it, sequential: the
+            # parallel loops are the ones inside
+            for f in reversed(n.batch):
+                roots = [replace(f, body=tuple(roots), parallel=False)]
         elif fused and tail:
             # one parallel loop over all NJt panels, the partial last one behind a test: run as a
             # nest of its own it took one thread while the other waited (1024^3: 22 panels of 48)
