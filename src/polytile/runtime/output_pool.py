@@ -31,7 +31,9 @@ class OutputPool:
         self.keep_bytes = keep_bytes
         self._free: dict[int, list[torch.Tensor]] = {}
         self._free_bytes = 0
-        self._lock = threading.Lock()
+        # reentrant: a finalizer may run inside the locked region of this thread (a cyclic GC
+        # pass started by an allocation there) and hand a block back itself
+        self._lock = threading.RLock()
         self.reused = 0  # blocks handed out again (for tests and stats)
 
     def empty(self, shape: tuple[int, ...], strides: tuple[int, ...], dtype: torch.dtype,
