@@ -796,10 +796,9 @@ def test_implicit_gemm_blocks_all_panels_when_the_weight_is_streamed_per_panel()
     over half of a 1 MB L2) and panels enough for both cores (N5 7x7: 245 pixels, 8 panels):
     the reduction runs in blocks of whole input channels (KC a multiple of 9 = kh * kw), every
     panel's block packed (with the padding) and every row tile of the weight meeting all of
-    them; the panels run over five image rows, so their lanes' offsets in the input and padding
-    tests are computed once per (kh, kw) (``offset_lanes``). With two panels (N1 C512 7x7) or a
-    short reduction (C128) nothing is blocked. All equal eager's, with inf and NaN beside the
-    padding."""
+    them; the panels run over five image rows and two images, each image's lanes one run of
+    masked loads. With two panels (N1 C512 7x7) or a short reduction (C128) nothing is
+    blocked. All equal eager's, with inf and NaN beside the padding."""
     tgt = {"l2_bytes": 1 << 20, "vector_bytes": 64, "vector_registers": 32, "cores": 2}
     t = resolve(tgt)
     for n_, ci, hw, blocked in ((5, 464, 7, True), (1, 512, 7, False), (5, 128, 7, False)):
@@ -815,9 +814,10 @@ def test_implicit_gemm_blocks_all_panels_when_the_weight_is_streamed_per_panel()
             assert packs and all(isinstance(f.hi, Const) for f in packs)
             kc = 9 * packs[0].hi.value
             assert 128 <= kc < ci * 9 and kc * 32 * 4 * 8 <= t.l2_bytes // 2, kc
-            # panels over five image rows: each lane's offset and padding test once per (kh, kw)
+            # 32-pixel panels over five image rows and two images (a stride-1 convolution as
+            # wide as its input: one run of loads per image, ``masked_rows``)
             lanes = {s.name for s in walk_stmts(blocks[0].body) if isinstance(s, Alloc)}
-            assert {"poff", "pok"} <= lanes
+            assert {"pmask", "pseg1"} <= lanes and "pseg2" not in lanes
     torch.manual_seed(0)
     fn = lambda a, w: F.conv2d(a, w, padding=1)  # noqa: E731
     a, wt = torch.randn(5, 464, 7, 7), torch.randn(40, 464, 3, 3) / 30
@@ -830,3 +830,36 @@ def test_implicit_gemm_blocks_all_panels_when_the_weight_is_streamed_per_panel()
     a = torch.randn(5, 464, 7, 7)
     out, _ = _compile(fn, (a, wt), target={"cores": 2, "l2_bytes": 1 << 20}, threads=2)
     assert_accurate(out, fn(a, wt), lambda: fp64_reference(fn, (a, wt)), 1e-4)
+
+
+def test_panels_over_many_rows_and_images_load_each_lane_at_its_offset():
+    """Batched convolutions whose 32-pixel panels span image rows and images. Stride 1 as wide
+    as the input (N4 C64 7x7, 3x3, padding 1): each image's lanes are one run of loads, kept
+    under the padding mask (``masked_rows`` with images as segments); so for a grouped
+    convolution of 8 channels per group. A 5x5 kernel with padding 1 (9x9 -> 7x7): the input
+    rows are wider than the output's, so each lane's input offset and padding test are
+    computed once per (kh, kw) and every channel is one load per lane at its offset
+    (``offset_lanes``). All against eager with inf and NaN beside the padding."""
+    tgt = {"cores": 2, "vector_bytes": 64, "vector_registers": 32}
+    torch.manual_seed(0)
+    for shape, ks, groups, want in (([4, 64, 7, 7], 3, 1, {"pmask", "pseg1"}),
+                                    ([4, 64, 9, 9], 5, 1, {"poff", "pok"}),
+                                    ([4, 64, 7, 7], 3, 8, {"pmask", "pseg1"})):
+        co = 64
+        b = GraphBuilder()
+        x, w = b.input(0, shape, F32), b.input(1, [co, shape[1] // groups, ks, ks], F32)
+        conv = b.node("conv2d", (x, w), stride=(1, 1), padding=(1, 1), dilation=(1, 1), groups=groups)
+        p = _pipeline(build(b.graph([conv])), target=tgt)
+        allocs = {s.name for k in p.kernels for s in walk_stmts(k.body) if isinstance(s, Alloc)}
+        assert want <= allocs, (shape, ks, groups, allocs)
+        a, wt = torch.randn(shape), torch.randn(co, shape[1] // groups, ks, ks) / 10
+        a[0, 0, 0, 0], a[-1, -1, -1, -1], a[1, 3, 0, 2], a[2, 5, 4, 0] = math.inf, math.nan, -math.inf, math.nan
+        fn = lambda a, w, g=groups: F.conv2d(a, w, padding=1, groups=g)  # noqa: E731
+        out, _ = _compile(fn, (a, wt), target={"cores": 2}, threads=2)
+        ref = fn(a, wt)
+        assert torch.equal(torch.isnan(out), torch.isnan(ref)) and torch.equal(torch.isinf(out), torch.isinf(ref))
+        fin = torch.isfinite(ref)
+        assert (out[fin] - ref[fin]).abs().max() < 1e-3, (shape, ks, groups)
+        a = torch.randn(shape)
+        out, _ = _compile(fn, (a, wt), target={"cores": 2}, threads=2)
+        assert_accurate(out, fn(a, wt), lambda: fp64_reference(fn, (a, wt)), 1e-4)

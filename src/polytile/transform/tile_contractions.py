@@ -211,12 +211,22 @@ def tile_contractions(p: Program, target: Target, prefetch: bool = True) -> Prog
             into the neighbouring rows and channels; panel rows whose loads would leave the
             tensor take the element loop. None where this does not apply: (mask statements, row
             statements)."""
-            if not (fused and step in (1, 2) and n.cond is not None and len(jn) == 2 and look is not jdec
-                    and n.y.buf in sizes and chunk is None):  # (a separate pack scans rows instead)
+            if not (fused and step in (1, 2) and n.cond is not None and len(jn) in (2, 3) and look is not jdec
+                    and n.y.buf in sizes):  # (a separate pack scans rows instead)
                 return None
-            W = trip_count(n.jloops[1])
-            D = fy.get(jn[0], 0) - step * W
-            segments = 1 if D == 0 else -(-(nr - 1) // W) + 1
+            W = trip_count(n.jloops[-1])
+            D = fy.get(jn[-2], 0) - step * W
+            period = W  # pixels per segment
+            if len(jn) == 3:
+                # (image, oh, ow), the batch folded into the pixels: with the rows of an image
+                # contiguous in Y (D = 0, a stride-1 convolution as wide as its input) the
+                # segments are images instead, D the step of Y from one image to the next past
+                # an image's rows (N8 C512 7x7: 32-pixel panels over two images)
+                if D != 0:
+                    return None
+                period = trip_count(n.jloops[1]) * W
+                D = fy.get(jn[0], 0) - trip_count(n.jloops[1]) * fy.get(jn[1], 0)
+            segments = 1 if D == 0 else -(-(nr - 1) // period) + 1
             if D < 0 or segments > MASKED_SEGMENTS:
                 return None
             tvars = {v.name for v in walk_exprs(n.cond) if isinstance(v, Var)}
@@ -250,8 +260,10 @@ def tile_contractions(p: Program, target: Target, prefetch: bool = True) -> Prog
             lane's offset in Y and whether it is inside the image, computed once (``poff``,
             ``pok``: out-of-image lanes get offset 0, an address inside Y), then every inner
             step is one load per lane at its offset plus the step's own, kept where ``pok`` is
-            set: no div/mod, no test and no table lookups per element (N8 C512 7x7 3x3, 32-pixel
-            panels over 5 image rows, all blocked: 10.2 -> 9.6 ms, Zen 4). None where that does not hold."""
+            set: no div/mod, no test and no table lookups per element (where ``masked_rows``
+            does not apply: input rows wider than the output's, more segments than it takes; it
+            took N8 C512 7x7 3x3, 32-pixel panels over 5 image rows, from 10.2 to 9.6 ms on Zen 4
+            before ``masked_rows`` took images as segments). None where that does not hold."""
             if look is jdec or n.cond is None or n.y.buf not in sizes or not inner:
                 return None
             if not (isinstance(pv, Op) and pv.fn == "where" and isinstance(pv.args[1], Load)
