@@ -839,22 +839,26 @@ def test_panels_over_many_rows_and_images_load_each_lane_at_its_offset():
     convolution of 8 channels per group. A 5x5 kernel with padding 1 (9x9 -> 7x7): the input
     rows are wider than the output's, so each lane's input offset and padding test are
     computed once per (kh, kw) and every channel is one load per lane at its offset
-    (``offset_lanes``). All against eager with inf and NaN beside the padding."""
+    (``offset_lanes``). A 1x1 convolution (no padding) takes the image segments alone. All
+    against eager with inf and NaN beside the padding."""
     tgt = {"cores": 2, "vector_bytes": 64, "vector_registers": 32}
     torch.manual_seed(0)
     for shape, ks, groups, want in (([4, 64, 7, 7], 3, 1, {"pmask", "pseg1"}),
                                     ([4, 64, 9, 9], 5, 1, {"poff", "pok"}),
-                                    ([4, 64, 7, 7], 3, 8, {"pmask", "pseg1"})):
+                                    ([4, 64, 7, 7], 3, 8, {"pmask", "pseg1"}),
+                                    ([4, 64, 7, 7], 1, 1, {"pseg1"})):
         co = 64
         b = GraphBuilder()
         x, w = b.input(0, shape, F32), b.input(1, [co, shape[1] // groups, ks, ks], F32)
-        conv = b.node("conv2d", (x, w), stride=(1, 1), padding=(1, 1), dilation=(1, 1), groups=groups)
+        pad = 0 if ks == 1 else 1
+        conv = b.node("conv2d", (x, w), stride=(1, 1), padding=(pad, pad), dilation=(1, 1), groups=groups)
         p = _pipeline(build(b.graph([conv])), target=tgt)
         allocs = {s.name for k in p.kernels for s in walk_stmts(k.body) if isinstance(s, Alloc)}
         assert want <= allocs, (shape, ks, groups, allocs)
+        assert pad or "pmask" not in allocs  # no padding: the image segments alone
         a, wt = torch.randn(shape), torch.randn(co, shape[1] // groups, ks, ks) / 10
         a[0, 0, 0, 0], a[-1, -1, -1, -1], a[1, 3, 0, 2], a[2, 5, 4, 0] = math.inf, math.nan, -math.inf, math.nan
-        fn = lambda a, w, g=groups: F.conv2d(a, w, padding=1, groups=g)  # noqa: E731
+        fn = lambda a, w, g=groups, pad=pad: F.conv2d(a, w, padding=pad, groups=g)  # noqa: E731
         out, _ = _compile(fn, (a, wt), target={"cores": 2}, threads=2)
         ref = fn(a, wt)
         assert torch.equal(torch.isnan(out), torch.isnan(ref)) and torch.equal(torch.isinf(out), torch.isinf(ref))

@@ -211,7 +211,7 @@ def tile_contractions(p: Program, target: Target, prefetch: bool = True) -> Prog
             into the neighbouring rows and channels; panel rows whose loads would leave the
             tensor take the element loop. None where this does not apply: (mask statements, row
             statements)."""
-            if not (fused and step in (1, 2) and n.cond is not None and len(jn) in (2, 3) and look is not jdec
+            if not (fused and step in (1, 2) and len(jn) in (2, 3) and look is not jdec
                     and n.y.buf in sizes):  # (a separate pack scans rows instead)
                 return None
             W = trip_count(n.jloops[-1])
@@ -229,16 +229,18 @@ def tile_contractions(p: Program, target: Target, prefetch: bool = True) -> Prog
             segments = 1 if D == 0 else -(-(nr - 1) // period) + 1
             if D < 0 or segments > MASKED_SEGMENTS:
                 return None
-            tvars = {v.name for v in walk_exprs(n.cond) if isinstance(v, Var)}
+            # (no condition: a convolution without padding, a 1x1 on a 7x7 map at batch 8, whose
+            # panels cross images: the segments alone, no padding mask)
+            tvars = {v.name for v in walk_exprs(n.cond) if isinstance(v, Var)} if n.cond is not None else set()
             if not tvars <= set(jn) | {f.var for f in outer} | {i}:
                 return None
-            cond = subst_vars(n.cond, {**look, i: c(0)})
+            cond = subst_vars(n.cond, {**look, i: c(0)}) if n.cond is not None else None
 
             def lane_mask(name: str, test: Expr) -> tuple[Stmt, ...]:
                 return (Alloc(name, "float32", nr),
                         For(jj, c(0), c(nr), (Store(name, Var(jj), Op("where", (test, Const(1.0, "float32"),
                                                                                   Const(0.0, "float32")), "float32")),)))
-            mk = list(lane_mask("pmask", cond))
+            mk = list(lane_mask("pmask", cond)) if cond is not None else []
             oh_of = Load(f"{jn[0]}_of", Var(jj), "int64")
             for k in range(1, segments):
                 mk += lane_mask(f"pseg{k}", Op("eq", (oh_of, add(Load(f"{jn[0]}_of", c(0), "int64"), c(k))), "bool"))
@@ -246,8 +248,8 @@ def tile_contractions(p: Program, target: Target, prefetch: bool = True) -> Prog
             for k in range(1, segments):
                 vals = [Op("pick_lanes", (Load(f"pseg{k}", c(y * vw), vt), v, prev), vt)
                         for y, (v, prev) in enumerate(zip(vals_at(k * D), vals))]
-            kept = tuple(replace(st, value=Op("keep_lanes", (Load("pmask", c(y * vw), vt), vals[y]), vt))
-                         for y, st in enumerate(copy))
+            kept = tuple(replace(st, value=Op("keep_lanes", (Load("pmask", c(y * vw), vt), vals[y]), vt)
+                                 if cond is not None else vals[y]) for y, st in enumerate(copy))
             reach = (segments - 1) * D + (nr - 1 if step == 1 else 2 * nr - 1)  # the last element loaded
             inside = Op("logical_and", (Op("ge", (y0.index, c(0)), "bool"),
                                         Op("lt", (add(y0.index, c(reach)), c(sizes[n.y.buf])), "bool")), "bool")
