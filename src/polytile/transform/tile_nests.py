@@ -24,9 +24,12 @@ def few_panels_block(n: Nest, pack, yblk: str, rows, nvs, panels, nr: int, kcb: 
     r0 = kblock[0]
     idx = add(mul(add(mul(Var("jo"), c(kcb)), rflat), c(nr)), Var("jj"))
     packs: list[Stmt] = []
-    if NJ:
+    if NJ and tail:  # one parallel loop, the partial last panel behind a test (no serial pack after it)
+        packs.append(For("jo", c(0), c(NJt), (If(Op("lt", (Var("jo"), c(NJ)), "bool"), pack(yblk, idx, False, (r0, kcb)),
+                                                pack(yblk, idx, True, (r0, kcb))),), parallel=True))
+    elif NJ:
         packs.append(For("jo", c(0), c(NJ), pack(yblk, idx, False, (r0, kcb)), parallel=True))
-    if tail:
+    elif tail:
         packs.append(For("jo", c(NJ), c(NJt), pack(yblk, idx, True, (r0, kcb))))
     panel = mul(add(mul(Var("jo"), c(kcb)), R), c(nr))
     return (*packs, *rows_over_panels(n, rows, nvs, panels, nr, yblk, panel, vw, vt, K, R, xpack, kblock))
