@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import ctypes
+import math
 import threading
 from dataclasses import dataclass
 
@@ -47,13 +48,6 @@ def _empty_maker():
 _empty = _empty_maker()
 
 
-def _numel(shape: tuple[int, ...]) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
-
-
 def _same_strides(t: torch.Tensor, spec: TensorSpec) -> bool:
     return all(s == e or n <= 1 for s, e, n in zip(t.stride(), spec.strides, spec.shape))
 
@@ -82,7 +76,7 @@ class NativeGraph:
         self._argv_type = ctypes.c_void_p * self._nargs
         self._expect = [(dt, s.shape, s.strides) for dt, s in zip(self._in_dtypes, inputs)]
         self._out_make = [(s.shape, s.strides, dt) for s, dt in zip(outputs, self._out_dtypes)]  # contiguous
-        sizes = [_numel(s.shape) * dt.itemsize for s, dt in zip(outputs, self._out_dtypes)]
+        sizes = [math.prod(s.shape) * dt.itemsize for s, dt in zip(outputs, self._out_dtypes)]
         self._out_bytes = [n if reuse_outputs and n >= MIN_POOLED_BYTES else 0 for n in sizes]
         # two calls' worth: the caller usually holds the last result while the next one is made
         self.output_pool = OutputPool(2 * sum(self._out_bytes)) if any(self._out_bytes) else None
@@ -117,10 +111,9 @@ class NativeGraph:
             self.check(args)  # raises a precise error unless only size-1 strides differ
         if self.arena is None:
             self.arena = torch.empty(max(self.arena_bytes, 64), dtype=torch.uint8)
-        pool = self.output_pool
-        outs = [pool.empty(shape, strides, dt, n) if n else _empty(shape, strides, dt)
-                for (shape, strides, dt), n in zip(self._out_make, self._out_bytes)] if pool else \
-            [_empty(shape, strides, dt) for shape, strides, dt in self._out_make]
+        # (a pooled size is nonzero only where there is a pool)
+        outs = [self.output_pool.empty(shape, strides, dt, n) if n else _empty(shape, strides, dt)
+                for (shape, strides, dt), n in zip(self._out_make, self._out_bytes)]
         with self._lock:
             argv = self._argv
             argv[:] = [*[t.data_ptr() for t in args], *[t.data_ptr() for t in outs], self.arena.data_ptr()]

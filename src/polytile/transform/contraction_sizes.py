@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from math import gcd
 
-from ..affine.ir import trip_count
+from ..affine.ir import Expr, trip_count
+from ..affine.linear import linear_form, to_expr
 from ..target import Target
 from .contraction_nest import Nest
 
@@ -65,3 +66,39 @@ def k_block(n: Nest, K: int, nr: int, t: Target, panels: int = 1) -> int:
     most = max(unit, most // unit * unit)
     blocks = -(-K // most)
     return -(-(-(-K // blocks)) // unit) * unit
+
+
+ALL_PANELS_MIN_KC = 128  # the shortest block worth every panel's block at once (``reduction_block``)
+
+
+def reduction_block(n: Nest, M: int, N: int, K: int, nr: int, t: Target) -> tuple[int, bool]:
+    """(KC, all_panels) for a tiled nest with panels of ``nr`` columns: KC = 0 for an unblocked
+    reduction; ``all_panels``: every panel's block is packed per block and every row tile meets
+    them all (an implicit GEMM with many panels; ``few_panels_block``)."""
+    kc = k_block(n, K, nr, t)
+    panels = -(-N // nr)
+    if len(n.jloops) > 1 or n.cond is not None:
+        # an implicit GEMM (a convolution) is blocked only when its panels' blocks fit in the
+        # L2 together at a block long enough and there are panels enough for every core:
+        # all of them packed per block and every row tile meeting them, X read once in all
+        # instead of once per panel (N8 C512 7x7 3x3, 13 panels of 32 pixels, weight 9.4 MB:
+        # 12.2 -> 10.2 ms, Zen 4); with fewer panels, X streamed once per panel unblocked
+        # was faster (N1 C512 7x7, two panels: 1.95 ms against 2.9 blocked)
+        kc_all = k_block(n, K, nr, t, panels) if kc and panels >= 4 * t.cores else 0
+        return (kc_all, True) if kc_all >= ALL_PANELS_MIN_KC else (0, False)
+    if panels < 4 * t.cores and (kc or M * K * 4 > t.l2_bytes):
+        # few panels: each block of all of them must stay in the L2 together while every row
+        # tile meets them (128x16384x4096, 4 panels: KC 4096 -> 1024, 104 -> 88 ms); also
+        # when each panel fits but not all of them, and X does not fit in the L2: unblocked,
+        # X streamed from memory once per panel (the weight of a swapped 128 x 4096 -> 1024
+        # linear, 16 MB, four times: 6.2-7.2 -> 5.4-5.9 ms in C, Zen 4, two threads)
+        return k_block(n, K, nr, t, panels), False
+    return kc, False
+
+
+def chunk_start(r0: Expr, inner: int) -> Expr:
+    """The first step of the outermost reduction loop in a block that starts at flat index
+    ``r0`` (a multiple of ``inner``, the reduction per step: ``k_block``)."""
+    lf = linear_form(r0)
+    assert lf is not None and lf[1] % inner == 0 and all(k % inner == 0 for k in lf[0].values()), r0
+    return to_expr({v: k // inner for v, k in lf[0].items()}, lf[1] // inner)

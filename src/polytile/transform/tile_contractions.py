@@ -28,7 +28,7 @@ from ..affine.ir import (INDEX, Alloc, Const, Expr, For, If, Kernel, Let, Load, 
 from ..affine.linear import linear_form, simplify_divmod, to_expr, uses_var
 from ..target import Target
 from .contraction_nest import batch_into_columns, batch_index, contiguous, decompose, match, orient, strides
-from .contraction_sizes import k_block, tile_sizes, wide_tile
+from .contraction_sizes import chunk_start, k_block, reduction_block, tile_sizes, wide_tile
 from .dot_form import dot_form
 from .fusion_util import subst_vars
 from .tile_nests import (few_panels_block, out_kernel, output_along_rows, panel_body, row_groups, row_split,
@@ -46,17 +46,8 @@ FUSED_PACK_MIN_PANELS_IM2COL = 2  # ... for an implicit GEMM (a convolution), wh
 # C128 28x28 s2 0.54 -> 0.51 (plain GEMMs with 2-7 panels were slower fused: 2048x128x2048
 # 1.04x -> 0.74x eager)
 FUSED_PACK_MIN_K = 64  # ... and the reduction is at least this long
-ALL_PANELS_MIN_KC = 128  # the shortest block worth every panel's block at once (``all_panels``)
 MASKED_SEGMENTS = 3  # image rows a masked panel row loads separately at most (``masked_rows``)
 PAGE_BYTES = 4096  # rows of Y this far apart: each on a page of its own (see ``row_tiles``' ``ahead``)
-
-
-def chunk_start(r0: Expr, inner: int) -> Expr:
-    """The first step of the outermost reduction loop in a block that starts at flat index
-    ``r0`` (a multiple of ``inner``, the reduction per step: ``k_block``)."""
-    lf = linear_form(r0)
-    assert lf is not None and lf[1] % inner == 0 and all(k % inner == 0 for k in lf[0].values()), r0
-    return to_expr({v: k // inner for v, k in lf[0].items()}, lf[1] // inner)
 
 
 def tile_contractions(p: Program, target: Target, prefetch: bool = True) -> Program:
@@ -108,25 +99,7 @@ def tile_contractions(p: Program, target: Target, prefetch: bool = True) -> Prog
             mr = min(max(mr, mr0), (target.vector_registers - nv - 1) // nv)
         mr = min(mr, M)
         nr = nv * vw
-        kc = k_block(n, K, nr, target)
-        all_panels = False
-        if len(n.jloops) > 1 or n.cond is not None:
-            # an implicit GEMM (a convolution) is blocked only when its panels' blocks fit in the
-            # L2 together at a block long enough and there are panels enough for every core:
-            # all of them packed per block and every row tile meeting them, X read once in all
-            # instead of once per panel (N8 C512 7x7 3x3, 13 panels of 32 pixels, weight 9.4 MB:
-            # 12.2 -> 10.2 ms, Zen 4); with fewer panels, X streamed once per panel unblocked
-            # was faster (N1 C512 7x7, two panels: 1.95 ms against 2.9 blocked)
-            kc_all = k_block(n, K, nr, target, -(-N // nr)) if kc and -(-N // nr) >= 4 * target.cores else 0
-            all_panels = kc_all >= ALL_PANELS_MIN_KC
-            kc = kc_all if all_panels else 0
-        elif -(-N // nr) < 4 * target.cores and (kc or M * K * 4 > target.l2_bytes):
-            # few panels: each block of all of them must stay in the L2 together while every row
-            # tile meets them (128x16384x4096, 4 panels: KC 4096 -> 1024, 104 -> 88 ms); also
-            # when each panel fits but not all of them, and X does not fit in the L2: unblocked,
-            # X streamed from memory once per panel (the weight of a swapped 128 x 4096 -> 1024
-            # linear, 16 MB, four times: 6.2-7.2 -> 5.4-5.9 ms in C, Zen 4, two threads)
-            kc = k_block(n, K, nr, target, -(-N // nr))
+        kc, all_panels = reduction_block(n, M, N, K, nr, target)
         MI, NJ = M // mr, N // nr
         tail = N % nr  # the last panel is partial: packed with zeros past N, stored up to N
         NJt = NJ + (1 if tail else 0)
@@ -305,8 +278,8 @@ def tile_contractions(p: Program, target: Target, prefetch: bool = True) -> Prog
             pval_, rloops, Kp = pval, list(n.rloops), K
             if chunk is not None:
                 per_step = K // trip_count(n.rloops[0])
-                r0o = chunk_start(chunk[0], per_step)
-                pval_ = subst_vars(pval, {rn[0]: add(r0o, Var("rl"))})
+                r0o = add(chunk_start(chunk[0], per_step), Var("rl"))  # the outermost loop's step
+                pval_ = subst_vars(pval, {rn[0]: r0o})
                 idx = subst_vars(idx, {rn[0]: Var("rl")})
                 rloops, Kp = [For("rl", c(0), c(chunk[1] // per_step), ()), *n.rloops[1:]], chunk[1]
             rname = rloops[0].var
@@ -333,7 +306,7 @@ def tile_contractions(p: Program, target: Target, prefetch: bool = True) -> Prog
                 at = look
                 y0 = subst_vars(subst_vars(n.y, {**at, i: c(0)}), {jj: c(0)})
                 if chunk is not None:
-                    y0 = subst_vars(y0, {rn[0]: add(chunk_start(chunk[0], K // trip_count(n.rloops[0])), Var("rl"))})
+                    y0 = subst_vars(y0, {rn[0]: r0o})
 
                 def part(off: int) -> Load:
                     return replace(y0, index=add(y0.index, c(off)), dtype=vt)
