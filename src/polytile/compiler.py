@@ -8,6 +8,7 @@ import warnings
 from . import counters as stats
 from . import profiling
 from .affine.build import build
+from .affine.ir import buffers_used
 from .affine.printer import format_program
 from .codegen.c import UNIT_MARK, render
 from .dump import Dumper
@@ -19,6 +20,7 @@ from .runtime.cc import build_shared_object
 from .runtime.loader import NativeGraph, TensorSpec
 from .runtime.memory_plan import plan_memory
 from .target import resolve as resolve_target
+from .transform.cache_static import mark_static_inputs
 from .transform.pipeline import run_pipeline
 
 
@@ -40,6 +42,8 @@ def compile_graph_ir(graph: Graph, input_specs: list[TensorSpec], options: Optio
         if dumper:
             dumper.write("graph_fuse_attention.txt", format_graph(graph))
     prog = build(graph, resolve_target(options.target), options.threads)
+    if options.cache_weights:
+        prog = mark_static_inputs(prog, {k for k, s in enumerate(input_specs) if s.static})
     if dumper:
         dumper.write("affine_build.mlir", format_program(prog))
     prog = run_pipeline(prog, options, (lambda p_name, p: dumper.write(f"affine_{p_name}.mlir", format_program(p)))
@@ -54,10 +58,15 @@ def compile_graph_ir(graph: Graph, input_specs: list[TensorSpec], options: Optio
     stats.bump("kernels_generated", len(prog.kernels))
     stats.bump("intermediate_bytes", plan.temp_bytes)
     stats.bump("arena_bytes", plan.arena_bytes)
+    stats.bump("cached_kernels", sum(1 for k in prog.kernels if k.cached))
+    stats.bump("cache_bytes", plan.cache_bytes)
     stats.bump("graphs_compiled")
     outs = [TensorSpec(n.shape, contiguous_strides(n.shape), n.dtype) for n in graph.outputs]
+    cached_reads = {b for k in prog.kernels if k.cached for b in buffers_used(k)[0]}
+    cached_inputs = tuple(sorted(b.index for b in prog.buffers if b.kind == "input" and b.name in cached_reads))
     ng = NativeGraph(so, input_specs, outs, plan.arena_bytes, options.threads, name=name,
-                     input_labels=input_labels, reuse_outputs=options.reuse_outputs)
+                     input_labels=input_labels, reuse_outputs=options.reuse_outputs,
+                     cache_bytes=plan.cache_bytes, cached_inputs=cached_inputs)
     ng.memory_plan = plan
     ng.num_kernels = len(prog.kernels)
     if options.profile:

@@ -14,7 +14,8 @@ def reset_stats() -> None:
         _counters.clear()
         _counters.update(graphs_compiled=0, ops_compiled=0, ops_fallen_back=collections.Counter(),
                          kernels_generated=0, cache_hits=0, cache_misses=0, graphs_failed=0,
-                         compile_seconds=0.0, intermediate_bytes=0, arena_bytes=0, attention_fused=0)
+                         compile_seconds=0.0, intermediate_bytes=0, arena_bytes=0, attention_fused=0,
+                         cached_kernels=0, cache_bytes=0, cache_refreshes=0)
 
 
 def bump(key: str, n: int | float = 1) -> None:
@@ -34,7 +35,10 @@ def stats() -> dict:
     cache_hits / cache_misses (compiled shared objects), graphs_failed, compile_seconds,
     attention_fused (attention patterns rewritten into one online-softmax kernel),
     intermediate_bytes (sum of the sizes of the intermediate buffers left in memory after fusion)
-    and arena_bytes (the memory plan's arena that holds them, with reuse).
+    and arena_bytes (the memory plan's arena that holds them, with reuse), cached_kernels and
+    cache_bytes (kernels that read only parameters, and what they compute, kept between calls:
+    ``Options.cache_weights``), cache_refreshes (how many times such kernels ran: once, then once
+    per change of the parameters they read).
     """
     with _lock:
         d = copy.deepcopy(_counters)

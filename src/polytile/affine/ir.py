@@ -180,8 +180,9 @@ class Buffer:
     name: str
     dtype: str
     size: int  # elements
-    kind: str  # input | output | temp
+    kind: str  # input | output | temp | cache (a temp kept between calls, see ``cache_static``)
     index: int = -1  # position among the inputs / outputs
+    static: bool = False  # an input that is a parameter or buffer (``TensorSpec.static``)
 
 
 @dataclass(frozen=True)
@@ -190,6 +191,7 @@ class Kernel:
     body: tuple[Stmt, ...]
     origin: str = ""  # the graph op(s) it came from, for dumps and error messages
     contraction: bool = False  # a matmul or convolution nest (epilogues fuse at its store)
+    cached: bool = False  # reads parameters and caches only: run when those change (``cache_static``)
 
 
 @dataclass(frozen=True)

@@ -59,9 +59,11 @@ def stmts(body: tuple[Stmt, ...], ind: int) -> list[str]:
 
 
 def format_kernel(k: Kernel) -> str:
-    return "\n".join([f"func @{k.name}()  // {k.origin}  {{", *stmts(k.body, 1), "}"])
+    cached = "  // cached: runs when the parameters it reads change" if k.cached else ""
+    return "\n".join([f"func @{k.name}()  // {k.origin}{cached}  {{", *stmts(k.body, 1), "}"])
 
 
 def format_program(p: Program) -> str:
-    lines = [f"memref %{b.name} : {b.dtype}[{b.size}]  // {b.kind}" for b in p.buffers]
+    lines = [f"memref %{b.name} : {b.dtype}[{b.size}]  // {b.kind}{' (parameter)' if b.static else ''}"
+             for b in p.buffers]
     return "\n".join(lines) + "\n\n" + "\n\n".join(format_kernel(k) for k in p.kernels) + "\n"

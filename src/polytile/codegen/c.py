@@ -358,10 +358,11 @@ UNIT_MARK = "/* ==== translation unit ==== */\n"
 
 
 def render(p: Program, offsets: dict[str, int], entry: str = "pt_entry", units: int = 1,
-           profile: bool = False) -> list[str]:
+           profile: bool = False, refresh: str = "pt_refresh") -> list[str]:
     """C sources for the program: kernels spread over ``units`` translation units (compiled in
-    parallel), the entry point ``int entry(void **args, int nthreads)`` in the last one; args
-    are the inputs, the outputs, then the arena. Kernels that differ only in the buffers they
+    parallel), the entry points ``int entry(void **args, int nthreads)`` (every kernel but the
+    cached ones) and ``refresh`` (the cached ones) in the last one; args are the inputs, the
+    outputs, the arena, then the cache (``MemoryPlan``). Kernels that differ only in the buffers they
     touch share one function. With ``profile``, every call is timed into the exported arrays
     ``pt_prof_ns`` / ``pt_prof_calls`` (one slot per call site, named by ``pt_prof_names``)."""
     bufs = {b.name: b for b in p.buffers}
@@ -407,13 +408,20 @@ def render(p: Program, offsets: dict[str, int], entry: str = "pt_entry", units: 
                 f"int pt_prof_count = {len(p.kernels)};",
                 f"double pt_prof_ns[{n}];", f"long long pt_prof_calls[{n}];",
                 f"const char* pt_prof_names[{n}] = {{{names}}};", ""]
-    ent += [f"int {entry}(void** args, int nthreads) {{", "  int err = 0;"]
+    head = []
     for pos, b in enumerate(ins + outs):
-        ent.append(f"  {CTYPE[b.dtype]}* {b.name} = ({CTYPE[b.dtype]}*)args[{pos}];")
-    ent.append(f"  char* arena = (char*)args[{len(ins) + len(outs)}];")
+        head.append(f"  {CTYPE[b.dtype]}* {b.name} = ({CTYPE[b.dtype]}*)args[{pos}];")
+    head.append(f"  char* arena = (char*)args[{len(ins) + len(outs)}];")
+    head.append(f"  char* cache = (char*)args[{len(ins) + len(outs) + 1}];")
     for b in p.buffers:
-        if b.kind == "temp":
-            ent.append(f"  {CTYPE[b.dtype]}* {b.name} = ({CTYPE[b.dtype]}*)(arena + {offsets[b.name]});")
-    ent += ["  (void)arena;", *calls, "  return err;", "}"]
+        if b.kind in ("temp", "cache"):
+            base = "arena" if b.kind == "temp" else "cache"
+            head.append(f"  {CTYPE[b.dtype]}* {b.name} = ({CTYPE[b.dtype]}*)({base} + {offsets[b.name]});")
+    head += ["  (void)arena; (void)cache;"]
+    # the cached kernels (``cache_static``) in a function of their own, which the runtime calls
+    # only when the parameters they read have changed
+    for fn, cached in ((entry, False), (refresh, True)):
+        ent += [f"int {fn}(void** args, int nthreads) {{", "  int err = 0;", *head,
+                *[call for call, k in zip(calls, p.kernels) if k.cached == cached], "  return err;", "}", ""]
     srcs = ["\n".join([PRELUDE, *part]) + "\n" for part in parts if part]
     return srcs + ["\n".join(ent) + "\n"]

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .. import counters as stats
 from ..dtypes import to_torch
 from .output_pool import MIN_POOLED_BYTES, OutputPool
 
@@ -28,6 +29,7 @@ class TensorSpec:
     shape: tuple[int, ...]
     strides: tuple[int, ...]
     dtype: str
+    static: bool = False  # a parameter or buffer: values derived from it may be kept between calls
 
     def describe(self) -> str:
         return f"{self.dtype}{list(self.shape)} strides {list(self.strides)}"
@@ -48,6 +50,16 @@ def _empty_maker():
 _empty = _empty_maker()
 
 
+def _stamp(t: torch.Tensor):
+    """What identifies a parameter's current values: its storage and version counter (bumped by
+    every in-place write through it or a view); None for a tensor without one (made under
+    ``torch.inference_mode``), whose derived values are then recomputed on every call."""
+    try:
+        return (t.data_ptr(), t._version)
+    except RuntimeError:
+        return None
+
+
 def _same_strides(t: torch.Tensor, spec: TensorSpec) -> bool:
     return all(s == e or n <= 1 for s, e, n in zip(t.stride(), spec.strides, spec.shape))
 
@@ -57,13 +69,19 @@ class NativeGraph:
 
     def __init__(self, so_path: str, inputs: list[TensorSpec], outputs: list[TensorSpec],
                  arena_bytes: int, threads: int, entry: str = "pt_entry", name: str = "graph",
-                 input_labels: list[str] | None = None, reuse_outputs: bool = True):
+                 input_labels: list[str] | None = None, reuse_outputs: bool = True,
+                 cache_bytes: int = 0, cached_inputs: tuple[int, ...] = (), refresh: str = "pt_refresh"):
         self.so_path = so_path
         self._lib = ctypes.CDLL(so_path)
-        fn = getattr(self._lib, entry)
-        fn.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int]
-        fn.restype = ctypes.c_int
-        self._fn = fn
+        self._fn, self._refresh = (self._entry(e) for e in (entry, refresh))
+        # the cached kernels (``cache_static``): their results live in ``cache`` between calls,
+        # recomputed when the storage or version of one of the parameters they read changes
+        self.cache_bytes = cache_bytes
+        self.cache: torch.Tensor | None = None
+        self.cached_inputs = tuple(cached_inputs)
+        self._cache_key: tuple | None = None
+        self._cache_refs: tuple = ()
+        self.refreshes = 0  # how many times the cached kernels ran
         self.inputs, self.outputs = inputs, outputs
         self._in_dtypes = [to_torch(s.dtype) for s in inputs]
         self._out_dtypes = [to_torch(s.dtype) for s in outputs]
@@ -72,7 +90,7 @@ class NativeGraph:
         self.threads = threads
         self.name = name
         self.input_labels = input_labels or [f"input {k}" for k in range(len(inputs))]
-        self._nargs = len(inputs) + len(outputs) + 1
+        self._nargs = len(inputs) + len(outputs) + 2
         self._argv_type = ctypes.c_void_p * self._nargs
         self._expect = [(dt, s.shape, s.strides) for dt, s in zip(self._in_dtypes, inputs)]
         self._out_make = [(s.shape, s.strides, dt) for s, dt in zip(outputs, self._out_dtypes)]  # contiguous
@@ -82,6 +100,12 @@ class NativeGraph:
         self.output_pool = OutputPool(2 * sum(self._out_bytes)) if any(self._out_bytes) else None
         self._lock = threading.Lock()
         self._argv = self._argv_type()  # filled and used under the lock
+
+    def _entry(self, name: str):
+        fn = getattr(self._lib, name)
+        fn.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int]
+        fn.restype = ctypes.c_int
+        return fn
 
     def check(self, args) -> None:
         if len(args) != len(self.inputs):
@@ -111,13 +135,29 @@ class NativeGraph:
             self.check(args)  # raises a precise error unless only size-1 strides differ
         if self.arena is None:
             self.arena = torch.empty(max(self.arena_bytes, 64), dtype=torch.uint8)
+            self.cache = torch.empty(max(self.cache_bytes, 64), dtype=torch.uint8)
         # (a pooled size is nonzero only where there is a pool)
         outs = [self.output_pool.empty(shape, strides, dt, n) if n else _empty(shape, strides, dt)
                 for (shape, strides, dt), n in zip(self._out_make, self._out_bytes)]
         with self._lock:
             argv = self._argv
-            argv[:] = [*[t.data_ptr() for t in args], *[t.data_ptr() for t in outs], self.arena.data_ptr()]
-            err = self._fn(argv, self.threads)
+            argv[:] = [*[t.data_ptr() for t in args], *[t.data_ptr() for t in outs], self.arena.data_ptr(),
+                       self.cache.data_ptr()]
+            err = 0
+            if self.cached_inputs:
+                # the tensors themselves are held until the next refresh, so that a new tensor
+                # cannot take over a freed one's address with the same version
+                refs = tuple(args[i] for i in self.cached_inputs)
+                key = tuple(_stamp(t) for t in refs)
+                if key != self._cache_key or None in key or not all(a is b for a, b in zip(refs, self._cache_refs)):
+                    self._cache_key = None  # (a failed refresh is retried on the next call)
+                    err = self._refresh(argv, self.threads)
+                    if not err:
+                        self._cache_key, self._cache_refs = key, refs
+                        self.refreshes += 1
+                        stats.bump("cache_refreshes")
+            if not err:
+                err = self._fn(argv, self.threads)
         if err:
             raise KernelRuntimeError(f"polytile {self.name}: {_ERRORS.get(err, f'kernel error {err}')}")
         return outs

@@ -11,9 +11,10 @@ ALIGN = 64
 
 @dataclass(frozen=True)
 class MemoryPlan:
-    offsets: dict[str, int]  # temp buffer -> byte offset in the arena
+    offsets: dict[str, int]  # temp buffer -> byte offset in the arena; cache buffer -> in the cache
     arena_bytes: int
     temp_bytes: int  # sum of temp sizes without reuse (for reporting)
+    cache_bytes: int = 0  # the cache buffers (``cache_static``), kept between calls, one after another
 
 
 def plan_memory(p: Program) -> MemoryPlan:
@@ -39,4 +40,9 @@ def plan_memory(p: Program) -> MemoryPlan:
         offsets[b.name] = off
         placed.append((off, off + size[b.name], lo, hi))
     arena = max((e for _, e, _, _ in placed), default=0)
-    return MemoryPlan(offsets, arena, sum(size.values()))
+    cache = 0
+    for b in p.buffers:
+        if b.kind == "cache":
+            offsets[b.name] = cache
+            cache += -(-b.size * ITEMSIZE[b.dtype] // ALIGN) * ALIGN
+    return MemoryPlan(offsets, arena, sum(size.values()), cache)

@@ -20,6 +20,7 @@ from ..affine.linear import linear_form, to_expr
 from .fusion_util import map_expr, subst_vars
 
 
+STATIC_Y_MIN_K = 256  # reduction from which a parameter weight stays the column operand (``orient``)
 SWAP_MAX_ROWS = 128  # rows of x @ w.T up to which the weight is not the transposed operand (``orient``)
 
 
@@ -120,7 +121,7 @@ def batch_into_columns(k: Kernel, n: Nest, nr: int, vw: int) -> tuple[Kernel, Ne
     return (k2, n2) if n2 is not None and n2.iloop.var == n.iloop.var else (k, n)
 
 
-def orient(k: Kernel, n: Nest, nr: int) -> tuple[Kernel, Nest]:
+def orient(k: Kernel, n: Nest, nr: int, static: set[str] | frozenset[str] = frozenset()) -> tuple[Kernel, Nest]:
     """Swap the row and column loops (both parallel, perfectly nested) when the row operand is
     strided along the reduction and the swap makes the operand to pack along rows smaller or
     contiguous (a transposed A: vectors then run along A's contiguous rows instead), and x @ w.T
@@ -143,8 +144,15 @@ def orient(k: Kernel, n: Nest, nr: int) -> tuple[Kernel, Nest]:
         # one-vector panels) takes - the reduction vectorized, the weight streamed once and not
         # packed (two threads: 4x768x3072 0.73 -> 0.35 ms, eager 0.38; 4x768x768 0.21 -> 0.08,
         # 24x768x3072 1.04 -> 0.93; with 31 rows it was slower, 0.28 -> 0.30)
+        # A weight that is a parameter (``static``) with rows enough for full tiles stays the
+        # column operand: its transposing pack is cached (``cache_static``), the tiles read its
+        # panels in place and the output is written along the columns (two threads, Zen 4:
+        # 128 x 3072 -> 768 2.9-3.0 -> 2.7-2.8 ms, 128 x 768 -> 768 0.73 -> 0.65, 128 x 256 ->
+        # 1024 0.33-0.41 -> 0.31); not over a short reduction, where the output's stores
+        # dominate and the swapped form prefetches them (128 x 128 -> 30522: 5.1-5.2 -> 5.8-5.9)
         if not (y_rows and fy.get(n.jloops[0].var, 0) != 1 and M <= SWAP_MAX_ROWS and M < N
-                and len(rn) == 1 and (M >= nr or 4 * M <= 3 * nr)):
+                and len(rn) == 1 and (M >= nr or 4 * M <= 3 * nr)) \
+                or (n.y.buf in static and M >= nr and trip_count(n.rloops[0]) >= STATIC_Y_MIN_K):
             return k, n
     elif M < nr or not (y_rows or N < M):
         return k, n

@@ -11,7 +11,7 @@ from ..affine.ir import Program
 from ..affine.verify import verify_program
 from ..options import Options
 from ..target import resolve as resolve_target
-from . import (bounds, coalesce, dead, fuse_epilogues, fuse_loops, fuse_producers, hoist, interchange, parallelize,
+from . import (bounds, cache_static, coalesce, dead, fuse_epilogues, fuse_loops, fuse_producers, hoist, interchange, parallelize,
                tile_contractions, tile_transposes)
 
 Pass = tuple[str, Callable[[Program, Options], Program]]
@@ -35,6 +35,7 @@ PASSES: list[Pass] = [
     ("coalesce_loops", lambda p, o: coalesce.coalesce_loops(p)),
     ("check_parallel_again", lambda p, o: parallelize.check_parallel(p)),
     ("assign_omp", lambda p, o: parallelize.assign_omp(p, threads=o.threads, min_work=o.parallel_min_work)),
+    ("cache_static_kernels", lambda p, o: cache_static.cache_static_kernels(p) if o.cache_weights else p),
 ]
 
 

@@ -59,10 +59,11 @@ def tile_contractions(p: Program, target: Target, prefetch: bool = True) -> Prog
     kernels: list[Kernel] = []
     buffers = list(p.buffers)
     sizes = {b.name: b.size for b in p.buffers}
+    static = {b.name for b in p.buffers if b.kind == "input" and b.static}
     for k in p.kernels:
         n = match(k)
         if n is not None:
-            k, n = orient(k, n, nr0)
+            k, n = orient(k, n, nr0, static)
             k, n = batch_into_columns(k, n, nr0, vw)
         M = trip_count(n.iloop) if n else 0
         N = K = 1
@@ -121,6 +122,16 @@ def tile_contractions(p: Program, target: Target, prefetch: bool = True) -> Prog
                  and NJt * nbatch >= (FUSED_PACK_MIN_PANELS_IM2COL if len(jn) > 1 or n.cond is not None
                                       else FUSED_PACK_MIN_PANELS)
                  and len(bdeps) == len(n.batch) and K >= FUSED_PACK_MIN_K) or bool(kc)
+        # too few panels to share in a reduction block: parallel over row tiles instead
+        few = bool(kc) and (NJt < 4 * target.cores or all_panels)
+        # Y a parameter (a weight): its panels packed by a kernel of their own, which
+        # ``cache_static`` runs only when the weight changes, and read in place by the nest a
+        # fused pack would have had (no per-call copy of a weight whose rows lie pages apart:
+        # GPT-2's 128 x 768 -> 3072 with weight [768, 3072], 3.0-3.2 -> 2.7-2.8 ms in C, Zen 4)
+        inplace = fused and not few and n.y.buf in static and not (
+            n.cond is not None and any(isinstance(x, Load) for x in walk_exprs(n.cond)))
+        if inplace:
+            fused = False
         pk = "" if fused else new_temp(buffers, nbatch * NJt * K * nr)  # all the packed panels
         jo, jj, ii = "jo", "jj", "ii"
         # a panel that lies within one row of pixels (nr divides the output width) needs no
@@ -417,7 +428,7 @@ def tile_contractions(p: Program, target: Target, prefetch: bool = True) -> Prog
         # panels too few (or too uneven) to share among the cores: the row tiles are split among
         # them instead, each core packing every panel itself (``row_split``)
         S = 1
-        if fused and not kc and len(groups) == 1 and groups[0][1] is None:
+        if (fused or inplace) and not kc and len(groups) == 1 and groups[0][1] is None:
             S = row_split([nr] * NJ + ([nvt * vw] if tail else []), batch_index(n.batch)[0], target.cores, M,
                           groups[0][0][0][2])
 
@@ -445,7 +456,6 @@ def tile_contractions(p: Program, target: Target, prefetch: bool = True) -> Prog
             cacc = new_temp(buffers, M * NJt * nr)
             blocks = reduction_blocks(K, kc)
             # too few panels to share: parallel over row tiles instead
-            few = NJt < 4 * target.cores or all_panels
             yblk = new_temp(buffers, NJt * kc * nr) if few else ""
             for r0, kcb, loop, reload, final in blocks:
                 kblock = (r0, kcb, reload, final, cacc, NJt * nr)
@@ -456,10 +466,10 @@ def tile_contractions(p: Program, target: Target, prefetch: bool = True) -> Prog
                                              rflat, vw, vt, K, R, xpack, kblock)
                     roots.extend([For("kb", c(0), c(loop), root)] if loop else root)
                     continue
-                local = pack("ypanel", add(mul(rflat, c(nr)), Var(jj)), False, (r0, kcb))
+                local = None if inplace else pack("ypanel", add(mul(rflat, c(nr)), Var(jj)), False, (r0, kcb))
                 body = panel_body(n, groups[0][0], nv, vw, vt, pk, bl, NJt, K, R, xpack, nr, local, nr, kblock)
                 if tail:
-                    local = pack("ypanel", add(mul(rflat, c(nr)), Var(jj)), True, (r0, kcb))
+                    local = None if inplace else pack("ypanel", add(mul(rflat, c(nr)), Var(jj)), True, (r0, kcb))
                     bt = panel_body(n, tgroups[0][0], nvt, vw, vt, pk, bl, NJt, K, R, xpack, tail, local, nr,
                                      kblock)
                     body = [If(Op("lt", (Var("jo"), c(NJ)), "bool"), tuple(body), tuple(bt))]
@@ -469,11 +479,11 @@ def tile_contractions(p: Program, target: Target, prefetch: bool = True) -> Prog
             # parallel loops are the ones inside
             for f in reversed(n.batch):
                 roots = [replace(f, body=tuple(roots), parallel=False)]
-        elif fused and tail:
+        elif (fused or inplace) and tail:
             # one parallel loop over all NJt panels, the partial last one behind a test: run as a
             # nest of its own it took one thread while the other waited (1024^3: 22 panels of 48)
-            lf = pack("ypanel", add(mul(rflat, c(nr)), Var(jj)), False)
-            lt = pack("ypanel", add(mul(rflat, c(nr)), Var(jj)), True)
+            lf = None if inplace else pack("ypanel", add(mul(rflat, c(nr)), Var(jj)), False)
+            lt = None if inplace else pack("ypanel", add(mul(rflat, c(nr)), Var(jj)), True)
             def both(rows: list, trows: list) -> list[Stmt]:
                 bf = panel_body(n, rows, nv, vw, vt, pk, bl, NJt, K, R, xpack, nr, lf, nr, ahead=ahead)
                 bt = panel_body(n, trows, nvt, vw, vt, pk, bl, NJt, K, R, xpack, tail, lt, nr)
@@ -482,7 +492,7 @@ def tile_contractions(p: Program, target: Target, prefetch: bool = True) -> Prog
                 roots += [wrap(n, f, block) for f in by_parts(rows, trows, 0, NJt, both)]
         # all the packed panels fit in the L2 together: the row tiles outside, each meeting every
         # panel in turn while its rows of X stay in L1 (X read once instead of once per panel)
-        rows_outer = not fused and not kc and NJt * K * nr * 4 <= target.l2_bytes // 2
+        rows_outer = not fused and not inplace and not kc and NJt * K * nr * 4 <= target.l2_bytes // 2
         tout = None
         if rows_outer and not n.batch and output_along_rows(n) and (M * 4) % OUT_ROWS_ALIAS == 0 \
                 and M * N * 4 <= 2 * target.l2_bytes:
@@ -500,13 +510,14 @@ def tile_contractions(p: Program, target: Target, prefetch: bool = True) -> Prog
             for rows, block in groups:
                 roots += [wrap(n, f, block) for f in rows_over_panels(n, rows, (nv, nvt), (NJ, NJt, tail), nr, pk,
                                                                       panel, vw, vt, K, R, xpack, None, tout)]
-        for jlo, jhi, width in ((0, NJ, nr), (NJ, NJt, tail)) if not (fused and tail or kc or rows_outer) else ():
+        for jlo, jhi, width in ((0, NJ, nr), (NJ, NJt, tail)) if not ((fused or inplace) and tail or kc or rows_outer) \
+                else ():
             if jhi == jlo:
                 continue
             vecs, gs = (nv, groups) if width == nr else (nvt, tgroups)
             local = pack("ypanel", add(mul(rflat, c(nr)), Var(jj)), width < nr) if fused else None
             for rows, block in gs:
-                if local is not None:  # one nest: full row tiles and rows left over share the packed panel
+                if fused or inplace:  # one nest: full row tiles and rows left over share the packed panel
                     roots += [wrap(n, f, block) for f in by_parts(
                         rows, None, jlo, jhi, lambda rr, _, vecs=vecs, width=width, local=local:
                         panel_body(n, rr, vecs, vw, vt, pk, bl, NJt, K, R, xpack, width, local, nr,

@@ -139,8 +139,9 @@ def panel_body(n: Nest, rows, nv: int, vw: int, vt: str, pk: str, bl: Expr, NJ: 
     """The statements for one panel jo (see ``tile_nest``): nv vectors of each packed row of nr.
     ``ahead``: where in Y panel jo + 1's row R starts, for the row tiles to prefetch it
     (``row_tiles``)."""
-    if local is None:
-        panel = mul(add(mul(add(mul(bl, c(NJ)), Var("jo")), c(K)), R), c(nr))  # Yp[bl][jo][R][0]
+    if local is None:  # Yp[bl][jo][R][0] (R from the reduction block's start r0)
+        Rg = R if kblock is None else add(kblock[0], R)
+        panel = mul(add(mul(add(mul(bl, c(NJ)), Var("jo")), c(K)), Rg), c(nr))
         ybuf = pk
     else:
         panel, ybuf = mul(R, c(nr)), "ypanel"

@@ -29,15 +29,27 @@ def _static(example_inputs) -> bool:
     return True
 
 
+def _parameter_inputs(options: Options) -> frozenset[int]:
+    """Positions of the graph inputs that are the model's parameters and buffers (AOTAutograd's
+    static inputs: dynamo marks them), whose derived values may be kept between calls
+    (``Options.cache_weights``); empty when unknown."""
+    if not options.cache_weights:
+        return frozenset()
+    ctx = torch._guards.TracingContext.try_get()
+    meta = getattr(ctx, "fw_metadata", None) if ctx is not None else None
+    return frozenset(getattr(meta, "static_input_indices", None) or ())
+
+
 def _fw_compiler(options: Options):
     from torch._functorch.aot_autograd import make_boxed_func
 
     from .compile import compile_aten_graph
 
     def compiler(gm: torch.fx.GraphModule, example_inputs):
+        params = _parameter_inputs(options)
         if not _static(example_inputs):
-            return make_boxed_func(_specializing(gm, options))
-        fn = compile_aten_graph(gm, example_inputs, options)
+            return make_boxed_func(_specializing(gm, options, params))
+        fn = compile_aten_graph(gm, example_inputs, options, params)
         return getattr(fn, "boxed", None) or make_boxed_func(fn)
 
     return compiler
@@ -49,7 +61,7 @@ def _signature(a):
     return (type(a).__name__, a)
 
 
-def _specializing(gm: torch.fx.GraphModule, options: Options):
+def _specializing(gm: torch.fx.GraphModule, options: Options, params: frozenset[int] = frozenset()):
     """A graph with symbolic shapes (dynamo's automatic dynamic shapes): compile one static
     version per distinct input signature, on first use, with shapes made concrete."""
     import copy
@@ -67,7 +79,7 @@ def _specializing(gm: torch.fx.GraphModule, options: Options):
         if fn is None:
             g = copy.deepcopy(gm)
             FakeTensorProp(g, mode=FakeTensorMode(allow_non_fake_inputs=True)).propagate(*args)
-            fn = versions[key] = compile_aten_graph(g, list(args), options)
+            fn = versions[key] = compile_aten_graph(g, list(args), options, params)
         return fn(*args)
 
     return run

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import operator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -46,13 +46,14 @@ class Segment:
     out_nodes: list = field(default_factory=list)  # fx nodes whose values leave the segment
     out_map: list = field(default_factory=list)  # per out node: int | tuple of (int | python value)
 
-    def external(self, fx_node, value) -> Node:
-        """IR input for a value produced outside this segment."""
+    def external(self, fx_node, value, static: bool = False) -> Node:
+        """IR input for a value produced outside this segment (``static``: a parameter or
+        buffer, see ``TensorSpec.static``)."""
         if not isinstance(value, torch.Tensor):
             raise Unsupported(f"non-tensor input {fx_node} ({type(value).__name__})")
         if value.device.type != "cpu":
             raise Unsupported(f"tensor on {value.device}")
-        spec = _spec_of(value)
+        spec = replace(_spec_of(value), static=static)
         if any(s < 0 for s in spec.strides):
             raise Unsupported("negative strides")
         k = len(self.inputs)
@@ -92,8 +93,9 @@ def _warn_once(target, err) -> None:
     log.warning(msg)
 
 
-def compile_aten_graph(gm: fx.GraphModule, example_inputs, options: Options):
-    """Compile an ATen FX graph; returns ``f(*args) -> list`` of its outputs."""
+def compile_aten_graph(gm: fx.GraphModule, example_inputs, options: Options, params: frozenset[int] = frozenset()):
+    """Compile an ATen FX graph; returns ``f(*args) -> list`` of its outputs. ``params``: the
+    positions of the inputs that are parameters or buffers (see ``TensorSpec.static``)."""
     ensure_loaded()
     name = next_graph_name()
     dumper = dumper_for(options.dump_dir, name)
@@ -112,7 +114,8 @@ def compile_aten_graph(gm: fx.GraphModule, example_inputs, options: Options):
             ex = _example(a, gm, example_inputs, placeholders)
             if type(ex) in (int, float, bool):  # a static scalar (shape arithmetic): a constant here
                 return ex
-            return seg.external(a, ex)
+            static = a.op == "get_attr" or (a.op == "placeholder" and placeholders.index(a) in params)
+            return seg.external(a, ex, static and options.cache_weights)
         if isinstance(a, (list, tuple)):
             return type(a)(value_in(seg, x) for x in a)
         if isinstance(a, torch.dtype):
