@@ -60,6 +60,29 @@ def test_weight_panels_are_packed_once_and_again_after_each_update():
     assert _refreshes() == 5
 
 
+def test_training_steps_see_each_optimizer_update():
+    # the optimizer updates the weights in place between steps: every forward packs them anew,
+    # and the gradients (the backward graph has no cached inputs) match eager's
+    torch.manual_seed(4)
+    m = Conv1D(96, 400)
+    ref = Conv1D(96, 400)
+    ref.load_state_dict(m.state_dict())
+    cm = torch.compile(m, backend="polytile")
+    opts = [torch.optim.SGD(mod.parameters(), lr=0.1) for mod in (m, ref)]
+    polytile.reset_stats()
+    for step in range(3):
+        x = torch.randn(40, 96)
+        outs = [cm(x), ref(x)]
+        torch.testing.assert_close(outs[0], outs[1], rtol=1e-4, atol=1e-4)
+        for o, opt in zip(outs, opts):
+            opt.zero_grad()
+            o.square().sum().backward()
+        torch.testing.assert_close(m.weight.grad, ref.weight.grad, rtol=1e-3, atol=1e-3)
+        for opt in opts:
+            opt.step()
+    assert polytile.stats()["cache_refreshes"] == 3
+
+
 def test_blocked_reduction_reads_each_block_of_the_cached_panels():
     # an L2 of 128 KB makes the 48-column panels of K = 700 too long for it: the reduction runs
     # in blocks, each reading its rows of the cached panels (fails if a block's offset is wrong)

@@ -40,13 +40,15 @@ def _parameter_inputs(options: Options) -> frozenset[int]:
     return frozenset(getattr(meta, "static_input_indices", None) or ())
 
 
-def _fw_compiler(options: Options):
+def _fw_compiler(options: Options, forward: bool = True):
+    """The compiler of AOTAutograd's forward (``forward``) or backward graphs: only the forward
+    graph's inputs are the ones AOTAutograd's static input positions describe."""
     from torch._functorch.aot_autograd import make_boxed_func
 
     from .compile import compile_aten_graph
 
     def compiler(gm: torch.fx.GraphModule, example_inputs):
-        params = _parameter_inputs(options)
+        params = _parameter_inputs(options) if forward else frozenset()
         if not _static(example_inputs):
             return make_boxed_func(_specializing(gm, options, params))
         fn = compile_aten_graph(gm, example_inputs, options, params)
@@ -90,8 +92,8 @@ def polytile_backend(gm: torch.fx.GraphModule, example_inputs, options=None):
     from torch._dynamo.backends.common import aot_autograd
 
     opts = Options.from_dict(options)
-    comp = _fw_compiler(opts)
-    return aot_autograd(fw_compiler=comp, bw_compiler=comp, decompositions=decompositions())(gm, example_inputs)
+    return aot_autograd(fw_compiler=_fw_compiler(opts), bw_compiler=_fw_compiler(opts, forward=False),
+                        decompositions=decompositions())(gm, example_inputs)
 
 
 def register() -> None:
