@@ -7,7 +7,9 @@ coalesced reduction, it becomes
     pack:  Yp[p][J/NR][R][NR] = cond ? Y : 0      copy generation: any layout of Y (a
                                                   transposed weight, im2col of an image)
                                                   becomes contiguous; per panel inside the
-                                                  panel loop when a panel fits in L2
+                                                  panel loop when a panel fits in L2; a
+                                                  kernel of its own, cached between calls,
+                                                  when Y is a parameter (``cache_static``)
     main:  for p..., jo, io (parallel, OpenMP):
              MR x NV vector accumulators (scalar replacement; i unrolled and jammed)
              for R: NV vector loads of Yp, MR scalar loads of X, MR*NV broadcast FMAs
