@@ -39,14 +39,14 @@ def cache_static_kernels(p: Program) -> Program:
         if w and all(kinds[b] == "temp" for b in w) and (r - w) <= static | made and r & (static | made):
             chosen.add(k)
             made |= w
-    while True:  # a temp some other kernel writes too is not a cached value: drop its writers
-        bad = {k for k in chosen for b in used[k][1] if not writers[b] <= chosen}
-        bad |= {k for k in chosen if (used[k][0] - used[k][1]) - static - {b for j in chosen - bad for b in used[j][1]}}
-        if not bad:
+    while True:  # a temp some other kernel writes too is not a cached value: drop its writers, then their readers
+        keep = {k for k in chosen if all(writers[b] <= chosen for b in used[k][1])
+                and (used[k][0] - used[k][1]) <= static | made}
+        made = {b for k in keep for b in used[k][1]}
+        if keep == chosen:
             break
-        chosen -= bad
+        chosen = keep
     if not chosen:
         return p
-    made = {b for k in chosen for b in used[k][1]}
     return replace(p, kernels=tuple(replace(k, cached=True) if i in chosen else k for i, k in enumerate(p.kernels)),
                    buffers=tuple(replace(b, kind="cache") if b.name in made else b for b in p.buffers))

@@ -35,7 +35,7 @@ PASSES: list[Pass] = [
     ("coalesce_loops", lambda p, o: coalesce.coalesce_loops(p)),
     ("check_parallel_again", lambda p, o: parallelize.check_parallel(p)),
     ("assign_omp", lambda p, o: parallelize.assign_omp(p, threads=o.threads, min_work=o.parallel_min_work)),
-    ("cache_static_kernels", lambda p, o: cache_static.cache_static_kernels(p) if o.cache_weights else p),
+    ("cache_static_kernels", lambda p, o: cache_static.cache_static_kernels(p)),  # (no static buffers: no-op)
 ]
 
 

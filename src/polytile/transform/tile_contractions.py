@@ -134,6 +134,7 @@ def tile_contractions(p: Program, target: Target, prefetch: bool = True) -> Prog
             n.cond is not None and any(isinstance(x, Load) for x in walk_exprs(n.cond)))
         if inplace:
             fused = False
+        per_panel = fused or inplace  # the panels one at a time in the panel loop, the row tiles inside
         pk = "" if fused else new_temp(buffers, nbatch * NJt * K * nr)  # all the packed panels
         jo, jj, ii = "jo", "jj", "ii"
         # a panel that lies within one row of pixels (nr divides the output width) needs no
@@ -374,6 +375,11 @@ def tile_contractions(p: Program, target: Target, prefetch: bool = True) -> Prog
                 stmts = (replace(f, body=stmts),)
             return tuple(pre) + stmts
 
+        def panel_pack(guard: bool, chunk: tuple[Expr, int] | None = None) -> tuple[Stmt, ...] | None:
+            """Panel jo (or its block ``chunk``) packed into the local ``ypanel`` at the top of each
+            panel-loop iteration; None where the panels come packed (``pk``, cached or not)."""
+            return pack("ypanel", add(mul(rflat, c(nr)), Var(jj)), guard, chunk) if fused else None
+
         if not fused:
             pnests = []
             for jlo, jhi, guard in ((0, NJ, False), (NJ, NJt, True)):
@@ -430,7 +436,7 @@ def tile_contractions(p: Program, target: Target, prefetch: bool = True) -> Prog
         # panels too few (or too uneven) to share among the cores: the row tiles are split among
         # them instead, each core packing every panel itself (``row_split``)
         S = 1
-        if (fused or inplace) and not kc and len(groups) == 1 and groups[0][1] is None:
+        if per_panel and not kc and len(groups) == 1 and groups[0][1] is None:
             S = row_split([nr] * NJ + ([nvt * vw] if tail else []), batch_index(n.batch)[0], target.cores, M,
                           groups[0][0][0][2])
 
@@ -468,10 +474,10 @@ def tile_contractions(p: Program, target: Target, prefetch: bool = True) -> Prog
                                              rflat, vw, vt, K, R, xpack, kblock)
                     roots.extend([For("kb", c(0), c(loop), root)] if loop else root)
                     continue
-                local = None if inplace else pack("ypanel", add(mul(rflat, c(nr)), Var(jj)), False, (r0, kcb))
+                local = panel_pack(False, (r0, kcb))
                 body = panel_body(n, groups[0][0], nv, vw, vt, pk, bl, NJt, K, R, xpack, nr, local, nr, kblock)
                 if tail:
-                    local = None if inplace else pack("ypanel", add(mul(rflat, c(nr)), Var(jj)), True, (r0, kcb))
+                    local = panel_pack(True, (r0, kcb))
                     bt = panel_body(n, tgroups[0][0], nvt, vw, vt, pk, bl, NJt, K, R, xpack, tail, local, nr,
                                      kblock)
                     body = [If(Op("lt", (Var("jo"), c(NJ)), "bool"), tuple(body), tuple(bt))]
@@ -481,11 +487,10 @@ def tile_contractions(p: Program, target: Target, prefetch: bool = True) -> Prog
             # parallel loops are the ones inside
             for f in reversed(n.batch):
                 roots = [replace(f, body=tuple(roots), parallel=False)]
-        elif (fused or inplace) and tail:
+        elif per_panel and tail:
             # one parallel loop over all NJt panels, the partial last one behind a test: run as a
             # nest of its own it took one thread while the other waited (1024^3: 22 panels of 48)
-            lf = None if inplace else pack("ypanel", add(mul(rflat, c(nr)), Var(jj)), False)
-            lt = None if inplace else pack("ypanel", add(mul(rflat, c(nr)), Var(jj)), True)
+            lf, lt = panel_pack(False), panel_pack(True)
             def both(rows: list, trows: list) -> list[Stmt]:
                 bf = panel_body(n, rows, nv, vw, vt, pk, bl, NJt, K, R, xpack, nr, lf, nr, ahead=ahead)
                 bt = panel_body(n, trows, nvt, vw, vt, pk, bl, NJt, K, R, xpack, tail, lt, nr)
@@ -494,7 +499,7 @@ def tile_contractions(p: Program, target: Target, prefetch: bool = True) -> Prog
                 roots += [wrap(n, f, block) for f in by_parts(rows, trows, 0, NJt, both)]
         # all the packed panels fit in the L2 together: the row tiles outside, each meeting every
         # panel in turn while its rows of X stay in L1 (X read once instead of once per panel)
-        rows_outer = not fused and not inplace and not kc and NJt * K * nr * 4 <= target.l2_bytes // 2
+        rows_outer = not per_panel and not kc and NJt * K * nr * 4 <= target.l2_bytes // 2
         tout = None
         if rows_outer and not n.batch and output_along_rows(n) and (M * 4) % OUT_ROWS_ALIAS == 0 \
                 and M * N * 4 <= 2 * target.l2_bytes:
@@ -512,14 +517,13 @@ def tile_contractions(p: Program, target: Target, prefetch: bool = True) -> Prog
             for rows, block in groups:
                 roots += [wrap(n, f, block) for f in rows_over_panels(n, rows, (nv, nvt), (NJ, NJt, tail), nr, pk,
                                                                       panel, vw, vt, K, R, xpack, None, tout)]
-        for jlo, jhi, width in ((0, NJ, nr), (NJ, NJt, tail)) if not ((fused or inplace) and tail or kc or rows_outer) \
-                else ():
+        for jlo, jhi, width in ((0, NJ, nr), (NJ, NJt, tail)) if not (per_panel and tail or kc or rows_outer) else ():
             if jhi == jlo:
                 continue
             vecs, gs = (nv, groups) if width == nr else (nvt, tgroups)
-            local = pack("ypanel", add(mul(rflat, c(nr)), Var(jj)), width < nr) if fused else None
+            local = panel_pack(width < nr)
             for rows, block in gs:
-                if fused or inplace:  # one nest: full row tiles and rows left over share the packed panel
+                if per_panel:  # one nest: full row tiles and rows left over share the packed panel
                     roots += [wrap(n, f, block) for f in by_parts(
                         rows, None, jlo, jhi, lambda rr, _, vecs=vecs, width=width, local=local:
                         panel_body(n, rr, vecs, vw, vt, pk, bl, NJt, K, R, xpack, width, local, nr,

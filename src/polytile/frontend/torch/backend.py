@@ -29,12 +29,10 @@ def _static(example_inputs) -> bool:
     return True
 
 
-def _parameter_inputs(options: Options) -> frozenset[int]:
+def _parameter_inputs() -> frozenset[int]:
     """Positions of the graph inputs that are the model's parameters and buffers (AOTAutograd's
     static inputs: dynamo marks them), whose derived values may be kept between calls
-    (``Options.cache_weights``); empty when unknown."""
-    if not options.cache_weights:
-        return frozenset()
+    (``Options.cache_weights``, applied in ``compile_graph_ir``); empty when unknown."""
     ctx = torch._guards.TracingContext.try_get()
     meta = getattr(ctx, "fw_metadata", None) if ctx is not None else None
     return frozenset(getattr(meta, "static_input_indices", None) or ())
@@ -48,7 +46,7 @@ def _fw_compiler(options: Options, forward: bool = True):
     from .compile import compile_aten_graph
 
     def compiler(gm: torch.fx.GraphModule, example_inputs):
-        params = _parameter_inputs(options) if forward else frozenset()
+        params = _parameter_inputs() if forward else frozenset()
         if not _static(example_inputs):
             return make_boxed_func(_specializing(gm, options, params))
         fn = compile_aten_graph(gm, example_inputs, options, params)

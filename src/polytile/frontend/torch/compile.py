@@ -115,7 +115,7 @@ def compile_aten_graph(gm: fx.GraphModule, example_inputs, options: Options, par
             if type(ex) in (int, float, bool):  # a static scalar (shape arithmetic): a constant here
                 return ex
             static = a.op == "get_attr" or (a.op == "placeholder" and placeholders.index(a) in params)
-            return seg.external(a, ex, static and options.cache_weights)
+            return seg.external(a, ex, static)
         if isinstance(a, (list, tuple)):
             return type(a)(value_in(seg, x) for x in a)
         if isinstance(a, torch.dtype):
