@@ -181,7 +181,10 @@ def _sfx(dt: str) -> str:
 # one template per scalar op: (rendered args, result dtype, arg dtype) -> C expression
 OPS: dict[str, Callable[[list[str], str, str], str]] = {
     "add": lambda a, d, t: f"({a[0]} + {a[1]})",
-    "broadcast": lambda a, d, t: f"(({CTYPE[d]}){{}} + {a[0]})",
+    # x - (+0) is x for every x (-0 and NaN included), so the compiler drops the subtraction and
+    # splats x straight from memory (vbroadcastss m32): 0 + x is not x for x = -0, and cost a
+    # scalar add and a register splat per broadcast in every register tile's reduction step
+    "broadcast": lambda a, d, t: f"({a[0]} - ({CTYPE[d]}){{}})",
     # the even lanes of the concatenation of two vectors (a stride-2 row from two loads)
     "even_lanes": lambda a, d, t: (f"__builtin_shuffle({a[0]}, {a[1]}, (pt_i32x{lanes(d)}){{"
                                    + ", ".join(str(2 * x) for x in range(lanes(d))) + "})"),
