@@ -182,3 +182,55 @@ def test_only_kernels_reading_parameters_alone_into_their_own_temps_are_cached()
     assert not any(k.cached for k in p.kernels)
     p = cache_static_kernels(_prog([_copy("a", "in0", "out0")]))
     assert not any(k.cached for k in p.kernels)
+
+
+def test_instances_sharing_a_graph_keep_their_own_cached_panels():
+    # two instances of one module share a compiled graph (their parameters are its inputs):
+    # alternating them computes each one's panels once, not on every call; a fifth instance
+    # takes the memory of the least recently used one, and a dropped instance's memory is reused
+    from polytile.runtime.weight_cache import MAX_SETS
+
+    torch.manual_seed(5)
+    mods = [Conv1D(96, 400) for _ in range(MAX_SETS + 1)]
+    x = torch.randn(40, 96)
+    cms = [torch.compile(m, backend="polytile") for m in mods]
+    polytile.reset_stats()
+    for _ in range(3):
+        for m, cm in zip(mods[:2], cms[:2]):
+            _check(cm, m, x)
+    assert polytile.stats()["graphs_compiled"] <= 1  # (0: dynamo reused an earlier test's graph)
+    assert _refreshes() == 2
+    for m, cm in zip(mods, cms):  # five groups, four sets: the first is dropped for the fifth
+        _check(cm, m, x)
+    assert _refreshes() == 2 + (MAX_SETS - 2) + 1
+    _check(cms[1], mods[1], x)  # still held
+    assert _refreshes() == MAX_SETS + 1
+    _check(cms[0], mods[0], x)  # was dropped: computed again (and correct)
+    assert _refreshes() == MAX_SETS + 2
+    with torch.no_grad():
+        mods[1].weight.mul_(2)  # an update of one instance moves only its own set
+    _check(cms[1], mods[1], x)
+    _check(cms[0], mods[0], x)
+    assert _refreshes() == MAX_SETS + 3
+
+
+def test_cache_sets_reuse_the_memory_of_freed_parameters():
+    from polytile.runtime.weight_cache import CacheSets
+
+    sets = CacheSets(256, max_sets=2)
+    a, b = torch.randn(8), torch.randn(8)
+    buf_a, stale = sets.select((a,))
+    assert stale
+    sets.done()
+    assert sets.select((a,)) == (buf_a, False)
+    buf_b, stale = sets.select((b,))
+    assert stale and buf_b.data_ptr() != buf_a.data_ptr()
+    sets.done()
+    del a  # its set can never match again: the next new group takes its memory
+    c = torch.randn(8)
+    buf_c, stale = sets.select((c,))
+    assert stale and buf_c.data_ptr() == buf_a.data_ptr() and len(sets) == 2
+    sets.done()
+    assert sets.select((b,)) == (buf_b, False)
+    b.add_(1)  # a version bump: computed again into the same memory
+    assert sets.select((b,)) == (buf_b, True)

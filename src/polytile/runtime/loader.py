@@ -11,6 +11,7 @@ import torch
 from .. import counters as stats
 from ..dtypes import to_torch
 from .output_pool import MIN_POOLED_BYTES, OutputPool
+from .weight_cache import CacheSets
 
 
 class InputMismatchError(TypeError):
@@ -50,16 +51,6 @@ def _empty_maker():
 _empty = _empty_maker()
 
 
-def _stamp(t: torch.Tensor):
-    """What identifies a parameter's current values: its storage and version counter (bumped by
-    every in-place write through it or a view); None for a tensor without one (made under
-    ``torch.inference_mode``), whose derived values are then recomputed on every call."""
-    try:
-        return (t.data_ptr(), t._version)
-    except RuntimeError:
-        return None
-
-
 def _same_strides(t: torch.Tensor, spec: TensorSpec) -> bool:
     return all(s == e or n <= 1 for s, e, n in zip(t.stride(), spec.strides, spec.shape))
 
@@ -75,12 +66,12 @@ class NativeGraph:
         self._lib = ctypes.CDLL(so_path)
         self._fn, self._refresh = (self._entry(e) for e in (entry, refresh))
         # the cached kernels (``cache_static``): their results live in ``cache`` between calls,
-        # recomputed when the storage or version of one of the parameters they read changes
+        # one set per group of parameter tensors, recomputed when the storage or version of one
+        # of the parameters they read changes
         self.cache_bytes = cache_bytes
-        self.cache: torch.Tensor | None = None
+        self.cache = CacheSets(cache_bytes)
         self.cached_inputs = tuple(cached_inputs)
-        self._cache_key: tuple | None = None
-        self._cache_refs: tuple = ()
+        self._no_cache: torch.Tensor | None = None
         self.refreshes = 0  # how many times the cached kernels ran
         self.inputs, self.outputs = inputs, outputs
         self._in_dtypes = [to_torch(s.dtype) for s in inputs]
@@ -135,27 +126,23 @@ class NativeGraph:
             self.check(args)  # raises a precise error unless only size-1 strides differ
         if self.arena is None:
             self.arena = torch.empty(max(self.arena_bytes, 64), dtype=torch.uint8)
-            self.cache = torch.empty(max(self.cache_bytes, 64), dtype=torch.uint8)
+            self._no_cache = torch.empty(64, dtype=torch.uint8)
         # (a pooled size is nonzero only where there is a pool)
         outs = [self.output_pool.empty(shape, strides, dt, n) if n else _empty(shape, strides, dt)
                 for (shape, strides, dt), n in zip(self._out_make, self._out_bytes)]
         with self._lock:
             argv = self._argv
+            cache, stale = self.cache.select(tuple(args[i] for i in self.cached_inputs)) \
+                if self.cached_inputs else (self._no_cache, False)
             argv[:] = [*[t.data_ptr() for t in args], *[t.data_ptr() for t in outs], self.arena.data_ptr(),
-                       self.cache.data_ptr()]
+                       cache.data_ptr()]
             err = 0
-            if self.cached_inputs:
-                # the tensors themselves are held until the next refresh, so that a new tensor
-                # cannot take over a freed one's address with the same version
-                refs = tuple(args[i] for i in self.cached_inputs)
-                key = tuple(_stamp(t) for t in refs)
-                if key != self._cache_key or None in key or not all(a is b for a, b in zip(refs, self._cache_refs)):
-                    self._cache_key = None  # (a failed refresh is retried on the next call)
-                    err = self._refresh(argv, self.threads)
-                    if not err:
-                        self._cache_key, self._cache_refs = key, refs
-                        self.refreshes += 1
-                        stats.bump("cache_refreshes")
+            if stale:
+                err = self._refresh(argv, self.threads)
+                if not err:  # (a failed refresh is retried on the next call)
+                    self.cache.done()
+                    self.refreshes += 1
+                    stats.bump("cache_refreshes")
             if not err:
                 err = self._fn(argv, self.threads)
         if err:
