@@ -709,6 +709,28 @@ def test_row_operand_rows_in_one_l1_set_are_copied_apart():
             assert_accurate(out, F.linear(a, wt), lambda: fp64_reference(F.linear, (a, wt)), 1e-4)
 
 
+def test_aliased_row_operand_of_per_panel_tiles_is_packed_once():
+    """X @ W with X's rows 2 KB apart (K = 512: a 14-row tile's rows in two L1 sets) and W's 16
+    panels packed one at a time in the panel loop: X is packed once per call into row tiles
+    (``_packx``, [tile][R][mr]) instead of every row tile copying its rows into ``xrows`` again
+    for every panel. K = 528 keeps reading X in place. Rows left over (130) and a tile of a few
+    rows (37) included; all equal eager's."""
+    tgt = {"cores": 2, "vector_bytes": 64, "vector_registers": 32, "l2_bytes": 1 << 20}
+    for k, packed in ((512, True), (528, False)):
+        b = GraphBuilder()
+        x, w = b.input(0, [128, k], F32), b.input(1, [k, 512], F32)
+        p = _pipeline(build(b.graph([b.matmul(x, w)])), target=tgt)
+        names = [kk.name for kk in p.kernels]
+        copies = [s for kk in p.kernels for s in walk_stmts(kk.body) if isinstance(s, Alloc) and s.name == "xrows"]
+        assert any(nm.endswith("_packx") for nm in names) == packed and not copies, (k, names)
+    torch.manual_seed(3)
+    for m in (128, 130, 37):
+        a, wt = torch.randn(m, 512), torch.randn(512, 512)
+        for fn in (torch.matmul, F.linear):
+            out, _ = _compile(fn, (a, wt), target={"l2_bytes": 1 << 20})
+            assert_accurate(out, fn(a, wt), lambda: fp64_reference(fn, (a, wt)), 1e-4)
+
+
 def test_swapped_linear_epilogue_of_the_rows_runs_along_the_tile():
     """x @ w.T + b then erf, tiles writing the output along their rows: the value, which reads
     only the tile and the bias (per row of the tile), is computed into the tile first with the
