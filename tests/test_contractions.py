@@ -731,6 +731,33 @@ def test_aliased_row_operand_of_per_panel_tiles_is_packed_once():
             assert_accurate(out, fn(a, wt), lambda: fp64_reference(fn, (a, wt)), 1e-4)
 
 
+def test_row_tiles_prefetch_the_next_cached_panel_of_a_large_weight():
+    """A linear whose weight is a parameter (its panels packed once and cached) and too large for
+    whole panels in the L2 (K = 4096: blocks of the reduction) or with panels over a quarter of
+    it (K = 3072): the row tiles of panel jo prefetch panel jo + 1's block from the cache
+    buffer; K = 768 (147 KB panels) does not. The results equal eager's either way."""
+    from polytile.affine.ir import Prefetch
+    from polytile.transform.cache_static import mark_static_inputs
+
+    tgt = {"cores": 2, "vector_bytes": 64, "vector_registers": 32, "l2_bytes": 1 << 20}
+    for k, n, prefetched in ((4096, 1024, True), (3072, 768, True), (768, 3072, False)):
+        b = GraphBuilder()
+        x, w = b.input(0, [128, k], F32), b.input(1, [n, k], F32)
+        p = _pipeline(mark_static_inputs(build(b.graph([b.matmul(x, b.transpose(w, 0, 1))])), {1}), target=tgt)
+        cache = {bf.name for bf in p.buffers if bf.kind == "cache"}
+        assert cache, k
+        pfs = [s for kk in p.kernels if not kk.cached for s in walk_stmts(kk.body)
+               if isinstance(s, Prefetch) and s.buf in cache]
+        assert bool(pfs) == prefetched, k
+    torch.manual_seed(4)
+    for k, n in ((4096, 256), (3072, 200)):
+        lin = torch.nn.Linear(k, n).eval()
+        a = torch.randn(64, k)
+        with torch.no_grad():
+            out, _ = _compile(lin, (a,), target={"l2_bytes": 1 << 20})
+            assert_accurate(out, lin(a), lambda: fp64_reference(lin, (a,)), 1e-4)
+
+
 def test_swapped_linear_epilogue_of_the_rows_runs_along_the_tile():
     """x @ w.T + b then erf, tiles writing the output along their rows: the value, which reads
     only the tile and the bias (per row of the tile), is computed into the tile first with the

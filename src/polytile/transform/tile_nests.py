@@ -135,9 +135,9 @@ def tile_nest(n: Nest, rows: list[tuple[int, Expr, int]], nv: int, vw: int, vt: 
 
 
 def panel_body(n: Nest, rows, nv: int, vw: int, vt: str, pk: str, bl: Expr, NJ: int, K: int, R: Var, xpack,
-                width: int, local, nr: int, kblock=None, ahead: Expr | None = None) -> list[Stmt]:
+                width: int, local, nr: int, kblock=None, ahead: tuple[str, Expr] | None = None) -> list[Stmt]:
     """The statements for one panel jo (see ``tile_nest``): nv vectors of each packed row of nr.
-    ``ahead``: where in Y panel jo + 1's row R starts, for the row tiles to prefetch it
+    ``ahead``: (buffer, index) where panel jo + 1's row R starts, for the row tiles to prefetch it
     (``row_tiles``)."""
     if local is None:  # Yp[bl][jo][R][0] (R from the reduction block's start r0)
         Rg = R if kblock is None else add(kblock[0], R)
@@ -166,7 +166,7 @@ def wrap(n: Nest, main: Stmt, block) -> Stmt:
 
 def row_tiles(n: Nest, mr: int, i0: Expr, MI: int, nv: int, vw: int, vt: str, ybuf: str, panel: Expr, K: int,
                R: Var, xpack, width: int, step: int, kblock=None, tout=None, xhoisted: bool = False,
-               ahead: Expr | None = None) -> For:
+               ahead: tuple[str, Expr] | None = None) -> For:
     """io < MI: the mr x (nv*vw) register tile of rows i0 + io*mr + [0, mr) times panel jo (at
     ``panel`` in ``ybuf``, columns jo*step + [0, nv*vw)), then its epilogue on the first
     ``width`` columns. ``kblock`` = (r0, kc, reload, final, cacc, ldc): the reduction rows
@@ -228,7 +228,7 @@ def row_tiles(n: Nest, mr: int, i0: Expr, MI: int, nv: int, vw: int, vt: str, yb
         # 128 x 768 -> 3072, weight [768, 3072]: 3.0 -> 2.77 ms in C, Zen 4, two threads)
         lines = -(-step // PREFETCH_LINE)
         inner.append(If(Op("lt", (Var(io), c(lines)), "bool"),
-                        (Prefetch(n.y.buf, add(ahead, mul(Var(io), c(PREFETCH_LINE))), 2),)))
+                        (Prefetch(ahead[0], add(ahead[1], mul(Var(io), c(PREFETCH_LINE))), 2),)))
     tile = "ctile"
     body: list[Stmt] = [Alloc(tile, "float32", mr * nr)]
     body += [Let(accs[x][y], vt, Op("broadcast", (Const(0.0, "float32"),), vt)) for x in range(mr) for y in range(nv)]
