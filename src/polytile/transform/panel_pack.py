@@ -148,7 +148,8 @@ class PanelPacker:
                                     Op("lt", (add(y0.index, c(reach)), c(sizes[n.y.buf])), "bool")), "bool")
         return tuple(mk), (If(inside, kept, pbody),)
 
-    def offset_lanes(self, pv: Expr, inner: list[For], rloops: list[For], buf: str, idx: Expr) -> tuple[Stmt, ...] | None:
+    def offset_lanes(self, pv: Expr, inner: list[For], rloops: list[For], buf: str,
+                     idx: Expr) -> tuple[Stmt, ...] | None:
         """The element loop of a panel whose pixels run over image rows (``look``: their
         coordinates from per-panel tables), when neither the padding test nor the pixel part
         of Y's index reads the inner reduction loops (input channels): per (kh, kw), each
@@ -198,7 +199,8 @@ class PanelPacker:
         ``chunk`` = (r0, kc), its rows r0 + [0, kc) at 0 + [0, kc) (a range of the outermost
         reduction loop, the inner ones whole: ``k_block``)."""
         n, N, K, nr, nv, vw, vt = self.n, self.N, self.K, self.nr, self.nv, self.vw, self.vt
-        tail, fused, sizes, fy, jdec, look, pval = self.tail, self.fused, self.sizes, self.fy, self.jdec, self.look, self.pval
+        tail, fused, sizes, fy = self.tail, self.fused, self.sizes, self.fy
+        jdec, look, pval = self.jdec, self.look, self.pval
         pre, divmod_left, jn, rn, i, jo, jj = self.pre, self.divmod_left, self.jn, self.rn, self.i, self.jo, self.jj
         pval_, rloops, Kp = pval, list(n.rloops), K
         if chunk is not None:
