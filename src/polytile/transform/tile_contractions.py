@@ -49,6 +49,7 @@ FUSED_PACK_MIN_PANELS_IM2COL = 2  # ... for an implicit GEMM (a convolution), wh
 # C128 28x28 s2 0.54 -> 0.51 (plain GEMMs with 2-7 panels were slower fused: 2048x128x2048
 # 1.04x -> 0.74x eager)
 FUSED_PACK_MIN_K = 64  # ... and the reduction is at least this long
+ALIASED_PACK_MIN_PANELS = 16  # panels from which an aliased X is packed once per call (see ``aliased``)
 PAGE_BYTES = 4096  # rows of Y this far apart: each on a page of its own (see ``row_tiles``' ``ahead``)
 
 
@@ -195,8 +196,10 @@ def tile_contractions(p: Program, target: Target, prefetch: bool = True) -> Prog
         # (Zen 5, two threads, side by side: linear 128 x 2048 -> 512 0.651 -> 0.579 ms, 128 x
         # 512 -> 512 0.180 -> 0.172, 512^3 matmul 0.651 -> 0.592; T5-small's 128 x 512 GEMMs
         # 11.1-12.0 -> 9.3-9.7 ms a call in all). Not for 3-vector tiles, which read X in place
-        # without a copy: packed, 2048^3 and 128 x 1024 -> 4096 were 6% slower
-        aliased = per_panel and not kc and nv == 2 and NJt >= 4 and not n.batch \
+        # without a copy: packed, 2048^3 and 128 x 1024 -> 4096 were 6% slower; nor with fewer
+        # than ALIASED_PACK_MIN_PANELS panels, whose copies cost less than the (transposing) pack
+        # of X: 128 x 1024 -> 256, 8 panels, 0.175 -> 0.217 ms packed
+        aliased = per_panel and not kc and nv == 2 and NJt >= ALIASED_PACK_MIN_PANELS and not n.batch \
             and aliased_rows(in_group(n.x, rn, n.rloops, R), i, R, mr)
         if not contiguous(fx, rn, n.rloops) or aliased:
             # the row operand is strided along the reduction (a transposed A) or aliased: pack
