@@ -750,9 +750,11 @@ def test_row_tiles_prefetch_the_next_cached_panel_of_a_large_weight():
                if isinstance(s, Prefetch) and s.buf in cache]
         assert bool(pfs) == prefetched, k
     torch.manual_seed(4)
-    for k, n in ((4096, 256), (3072, 200)):
+    # shapes that take the prefetch on an AVX-512 machine with a 1 MB L2 (the second one with a
+    # partial last panel and rows left over)
+    for m, k, n in ((64, 3072, 768), (100, 4096, 600)):
         lin = torch.nn.Linear(k, n).eval()
-        a = torch.randn(64, k)
+        a = torch.randn(m, k)
         with torch.no_grad():
             out, _ = _compile(lin, (a,), target={"l2_bytes": 1 << 20})
             assert_accurate(out, lin(a), lambda: fp64_reference(lin, (a,)), 1e-4)

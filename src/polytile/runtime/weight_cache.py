@@ -40,7 +40,7 @@ class _Set:
 
 class CacheSets:
     """``select(tensors)`` -> (memory for the cached values of these parameter tensors, whether
-    they must be computed into it first); ``done(tensors)`` once they have been. Not thread-safe:
+    they must be computed into it first); ``done()`` once they have been. Not thread-safe:
     the caller holds its lock around both."""
 
     def __init__(self, nbytes: int, max_sets: int = MAX_SETS):

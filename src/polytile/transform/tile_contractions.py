@@ -34,8 +34,8 @@ from .contraction_sizes import k_block, reduction_block, tile_sizes, wide_tile
 from .dot_form import dot_form
 from .fusion_util import subst_vars
 from .panel_pack import panel_packer
-from .tile_nests import (aliased_rows, few_panels_block, out_kernel, output_along_rows, panel_body, row_groups,
-                         row_split, rows_over_panels, split_rows, tile_nest, wrap)
+from .tile_nests import (aliased_rows, few_panels_block, out_kernel, output_along_rows, packed_at, panel_body,
+                         row_groups, row_split, rows_over_panels, split_rows, tile_nest, wrap)
 from .tile_util import drop_prefetches, new_temp, reduction_blocks
 
 MIN_WORK = 32 * 32 * 32  # multiply-adds below which tiling is not worth a packing pass
@@ -143,7 +143,7 @@ def tile_contractions(p: Program, target: Target, prefetch: bool = True) -> Prog
         pp = panel_packer(n, N, K, NJt, nr, nv, vw, vt, tail, fused, sizes, fy)
         pack, divmod_left = pp.pack, pp.divmod_left
         rflat = to_expr({v: s for v, s in zip(rn, strides(n.rloops))}, 0)
-        pidx = add(mul(add(mul(add(mul(bl, c(NJt)), Var(jo)), c(K)), rflat), c(nr)), Var(jj))
+        pidx = add(packed_at(bl, NJt, Var(jo), K, rflat, nr), Var(jj))
 
         def panel_pack(guard: bool, chunk: tuple[Expr, int] | None = None) -> tuple[Stmt, ...] | None:
             """Panel jo (or its block ``chunk``) packed into the local ``ypanel`` at the top of each
@@ -183,7 +183,7 @@ def tile_contractions(p: Program, target: Target, prefetch: bool = True) -> Prog
             if not inplace or 2 * kcb * nr * 4 > target.l2_bytes // 2 \
                     or (not kc and kcb * nr * 4 <= target.l2_bytes // 4):
                 return None
-            return pk, mul(add(mul(add(mul(bl, c(NJt)), add(Var(jo), c(1))), c(K)), add(r0, R)), c(nr))
+            return pk, packed_at(bl, NJt, add(Var(jo), c(1)), K, add(r0, R), nr)
 
         if ahead is None:
             ahead = next_cached_panel(c(0), K)
@@ -314,7 +314,7 @@ def tile_contractions(p: Program, target: Target, prefetch: bool = True) -> Prog
             # 15.0 ms)
             tout = (new_temp(buffers, M * N), N)
         if rows_outer:
-            panel = mul(add(mul(add(mul(bl, c(NJt)), Var("jo")), c(K)), R), c(nr))  # Yp[bl][jo][R][0]
+            panel = packed_at(bl, NJt, Var("jo"), K, R, nr)  # Yp[bl][jo][R][0]
             for rows, block in groups:
                 roots += [wrap(n, f, block) for f in rows_over_panels(n, rows, (nv, nvt), (NJ, NJt, tail), nr, pk,
                                                                       panel, vw, vt, K, R, xpack, None, tout)]

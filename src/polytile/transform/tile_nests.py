@@ -134,6 +134,11 @@ def tile_nest(n: Nest, rows: list[tuple[int, Expr, int]], nv: int, vw: int, vt: 
     return wrap(n, For("jo", c(jlo), c(jhi), tuple(loops), parallel=True), block)
 
 
+def packed_at(bl: Expr, NJ: int, jo: Expr, K: int, r: Expr, nr: int) -> Expr:
+    """The flat index of Yp[bl][jo][r][0]: row r of packed panel jo (NJ panels of K rows of nr)."""
+    return mul(add(mul(add(mul(bl, c(NJ)), jo), c(K)), r), c(nr))
+
+
 def panel_body(n: Nest, rows, nv: int, vw: int, vt: str, pk: str, bl: Expr, NJ: int, K: int, R: Var, xpack,
                 width: int, local, nr: int, kblock=None, ahead: tuple[str, Expr] | None = None) -> list[Stmt]:
     """The statements for one panel jo (see ``tile_nest``): nv vectors of each packed row of nr.
@@ -141,7 +146,7 @@ def panel_body(n: Nest, rows, nv: int, vw: int, vt: str, pk: str, bl: Expr, NJ: 
     (``row_tiles``)."""
     if local is None:  # Yp[bl][jo][R][0] (R from the reduction block's start r0)
         Rg = R if kblock is None else add(kblock[0], R)
-        panel = mul(add(mul(add(mul(bl, c(NJ)), Var("jo")), c(K)), Rg), c(nr))
+        panel = packed_at(bl, NJ, Var("jo"), K, Rg, nr)
         ybuf = pk
     else:
         panel, ybuf = mul(R, c(nr)), "ypanel"
@@ -174,8 +179,9 @@ def row_tiles(n: Nest, mr: int, i0: Expr, MI: int, nv: int, vw: int, vt: str, yb
     when ``reload`` holds and stored there unless ``final`` holds (then the epilogue runs).
     ``tout`` = (buffer, columns): the raw tile stored there row-major instead (``out_kernel``
     applies the epilogue). ``xhoisted``: the tile's rows of X were copied whole into ``xrows``
-    by the caller (``copy_x_rows``). ``ahead``: the index in Y of the start of row R of the next
-    panel, whose cache lines the first row tiles prefetch (one line per reduction step each)."""
+    by the caller (``copy_x_rows``). ``ahead``: (buffer, index) of the start of row R of the next
+    panel (in Y, or in the cached packed panels), whose cache lines the first row tiles prefetch
+    (one line per reduction step each)."""
     nr = nv * vw
     i = n.iloop.var
     rn = [f.var for f in n.rloops]
