@@ -123,6 +123,23 @@ class TestAccuracyRule:
         assert check_accuracy(nan.clone(), nan, None, TOL)[0]
         assert not check_accuracy(torch.tensor([1.0, 2.0]), nan, None, TOL)[0]
 
+    def test_special_values_must_match_before_the_rmse(self):
+        """NaN and infinity positions (and signs) are compared exactly; one NaN in both results no
+        longer hides a wrong finite element, and a NaN where eager has none fails."""
+        nan, inf = float("nan"), float("inf")
+        ref = torch.tensor([1.0, nan, inf, -inf, 2.0] * 300)
+        ref64 = lambda: ref.double()  # noqa: E731
+        assert check_accuracy(ref.clone(), ref, ref64, TOL)[0]
+        wrong = ref.clone()
+        wrong[4] = 7.0  # a finite element far off, beside the NaN
+        ok, details = check_accuracy(wrong, ref, ref64, TOL)
+        assert not ok and "RMSE" in details[0], details
+        for k, v in ((0, nan), (2, -inf), (1, 0.0), (3, inf)):
+            bad = ref.clone()
+            bad[k] = v
+            ok, details = check_accuracy(bad, ref, ref64, TOL)
+            assert not ok and "NaN or infinite" in details[0], (k, details)
+
     def test_fp64_reference(self):
         m = nn.Sequential(nn.Linear(4, 3), nn.Tanh()).eval()
         x = torch.randn(2, 4)

@@ -15,7 +15,8 @@ def reset_stats() -> None:
         _counters.update(graphs_compiled=0, ops_compiled=0, ops_fallen_back=collections.Counter(),
                          kernels_generated=0, cache_hits=0, cache_misses=0, graphs_failed=0,
                          compile_seconds=0.0, intermediate_bytes=0, arena_bytes=0, attention_fused=0,
-                         cached_kernels=0, cache_bytes=0, cache_refreshes=0)
+                         cached_kernels=0, cache_bytes=0, cache_refreshes=0,
+                         input_relayouts=0, eager_runs=0)
 
 
 def bump(key: str, n: int | float = 1) -> None:
@@ -38,7 +39,10 @@ def stats() -> dict:
     and arena_bytes (the memory plan's arena that holds them, with reuse), cached_kernels and
     cache_bytes (kernels that read only parameters, and what they compute, kept between calls:
     ``Options.cache_weights``), cache_refreshes (how many times such kernels ran: once, then once
-    per change of the parameters they read).
+    per change of the parameters they read), input_relayouts (inputs whose strides differed from
+    the compiled ones, copied into the compiled layout), eager_runs (calls of a compiled graph or
+    segment run through ATen instead: an input layout no copy could repair, or a failed kernel
+    build at first call).
     """
     with _lock:
         d = copy.deepcopy(_counters)

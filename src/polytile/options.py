@@ -37,10 +37,14 @@ class Options:
     """OpenMP thread count passed explicitly to every parallel loop."""
     cc: str = field(default_factory=lambda: os.environ.get("POLYTILE_CC") or os.environ.get("CC") or "gcc")
     """System C compiler."""
-    cflags: tuple[str, ...] = ("-O3", "-march=native", "-ffp-contract=fast", "-fassociative-math",
-                               "-fno-signed-zeros", "-fno-trapping-math")
-    """Optimization flags for the C compiler (-fopenmp -shared -fPIC are always added).
-    Reassociation lets reductions vectorize; NaN and infinity semantics are kept."""
+    cflags: tuple[str, ...] = ("-O3", "-march=native", "-ffp-contract=fast", "-fno-trapping-math")
+    """Optimization flags for the C compiler (-fopenmp -shared -fPIC -fno-math-errno are always
+    added). They keep eager's IEEE semantics: NaN, infinities and signed zeros (sums are
+    reordered only inside reduction loops, which the generated code marks as OpenMP simd
+    reductions; fused multiply-adds round once, as eager's vectorized kernels do)."""
+    fast_math: bool = False
+    """Add ``-fassociative-math -fno-signed-zeros``: the C compiler may reorder any sum and
+    ignore the sign of zeros (``x * -0.0`` may give +0.0, ``1 / (x * -0.0)`` +inf)."""
     fallback: bool = True
     """When an op has no lowering or a compile stage fails, run that part through ATen (with a
     warning). With False, such a failure raises instead."""
@@ -118,7 +122,7 @@ class Options:
 
     def cache_key(self) -> str:
         """The parts of the options that change generated code (not where it is written)."""
-        return repr((self.threads, self.cc, self.cflags, self.parallel_min_work, self.fusion, self.fuse_producers,
+        return repr((self.threads, self.cc, self.cflags, self.fast_math, self.parallel_min_work, self.fusion, self.fuse_producers,
                      self.fuse_epilogues, self.fuse_loops, self.fuse_siblings, self.fuse_attention,
                      self.tile_contractions, self.prefetch, self.cache_weights,
                      self.profile, sorted((self.target or {}).items())))

@@ -183,6 +183,26 @@ class _Builder:
 
         self.emit(n, self.loops(n.shape, "i", body, True))
 
+    def scan(self, n: Node) -> None:
+        """An inclusive scan: every line along ``axis`` (lines in parallel) folds its elements in
+        order, storing each prefix; NaN and infinities propagate as in eager's sequential scan."""
+        from ..graph.ops import SCAN
+
+        (x,) = n.inputs
+        axis, dt = n.attr("axis"), n.dtype
+        outer = [s for k, s in enumerate(x.shape) if k != axis]
+        init = {"scan_add": 0, "scan_mul": 1, "scan_max": _lowest(dt), "scan_min": _highest(dt)}[n.op]
+
+        def body(oidx):
+            def inner(r):
+                idx = list(oidx[:axis]) + [r[0]] + list(oidx[axis:])
+                return [Assign("acc", _o(SCAN[n.op], Var("acc", dt), self.read(x, idx))),
+                        self.store(n, idx, Var("acc", dt))]
+
+            return [Let("acc", dt, Const(init, dt)), *self.loops([x.shape[axis]], "r", inner, False)]
+
+        self.emit(n, self.loops(outer, "i", body, True))
+
     def matmul(self, n: Node) -> None:
         a, b = n.inputs
         K = a.shape[-1]
@@ -460,7 +480,8 @@ def _attention(b: _Builder, n: Node) -> None:
 
 
 _KIND = {
-    "elementwise": _Builder.elementwise, "reduce": _Builder.reduce, "contraction": _Builder.matmul,
+    "elementwise": _Builder.elementwise, "reduce": _Builder.reduce, "scan": _Builder.scan,
+    "contraction": _Builder.matmul,
     "concat": _Builder.concat, "generator": _Builder.generator,
 }
 _OP = {

@@ -317,6 +317,31 @@ def _render_minmax(f: For, red, pad: str) -> list[str]:
             f"{pad}if ({nan}) {acc} = NAN; }}"]
 
 
+_FOLD = {"add": "+", "mul": "*"}
+
+
+def _fold_reduction(f: For) -> str | None:
+    """``reduction(+:a) reduction(*:b)`` when loop f only folds float values into accumulators
+    with + or *: OpenMP's simd reduction lets gcc reorder exactly those sums (vector partial
+    sums), which it may not do elsewhere (no -fassociative-math: eager's rounding of signed
+    zeros and infinities everywhere else)."""
+    if f.omp or not f.body or not all(isinstance(a, Assign) for a in f.body):
+        return None
+    accs = {a.name for a in f.body}
+    if len(accs) != len(f.body):
+        return None
+    clauses = []
+    for a in f.body:
+        v = a.value
+        if not (isinstance(v, Op) and v.fn in _FOLD and v.dtype in ("float32", "float64")
+                and isinstance(v.args[0], Var) and v.args[0].name == a.name):
+            return None
+        if any(isinstance(x, Var) and x.name in accs for x in walk_exprs(v.args[1])):
+            return None
+        clauses.append(f"reduction({_FOLD[v.fn]}:{a.name})")
+    return " ".join(clauses)
+
+
 def stmts(body: tuple[Stmt, ...], ind: int) -> list[str]:
     pad = "  " * ind
     out: list[str] = []
@@ -328,6 +353,8 @@ def stmts(body: tuple[Stmt, ...], ind: int) -> list[str]:
             if s.omp:
                 coll = f" collapse({s.omp})" if s.omp > 1 else ""
                 out.append(f"{pad}#pragma omp parallel for{coll} num_threads(pt_nthreads) schedule(static)")
+            elif (fold := _fold_reduction(s)) is not None:
+                out.append(f"{pad}#pragma omp simd {fold}")
             out.append(f"{pad}for (int64_t {s.var} = {expr(s.lo)}; {s.var} < {expr(s.hi)}; ++{s.var}) {{")
             out += stmts(s.body, ind + 1)
             out.append(pad + "}")

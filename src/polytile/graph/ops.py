@@ -12,7 +12,7 @@ Shape = tuple[int, ...]
 @dataclass(frozen=True)
 class OpDef:
     name: str
-    kind: str  # input | elementwise | reduce | contraction | window | view | index | concat | generator
+    kind: str  # input | elementwise | reduce | scan | contraction | window | view | index | concat | generator
     arity: int | None  # None: variadic
     shape: Callable[[Sequence[Any], dict], Shape]
     dtype: Callable[[Sequence[Any], dict], str]
@@ -163,6 +163,8 @@ BINARY = (
 )
 COMPARE = ("eq", "ne", "lt", "le", "gt", "ge")
 REDUCE = ("reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "argmax", "argmin")
+# inclusive scans along one axis (attribute ``axis``), one scalar op each: out[i] = op(out[i-1], x[i])
+SCAN = {"scan_add": "add", "scan_mul": "mul", "scan_max": "maximum", "scan_min": "minimum"}
 
 OPS: dict[str, OpDef] = {}
 
@@ -182,6 +184,8 @@ _def("where", "elementwise", 3, _bcast, lambda ins, a: ins[1].dtype)
 _def("cast", "elementwise", 1, _bcast, _attr_dtype)
 for _n in REDUCE:
     _def(_n, "reduce", 1, _reduce_shape, (lambda ins, a: "int64") if _n.startswith("arg") else _first_dtype)
+for _n in SCAN:
+    _def(_n, "scan", 1, lambda ins, a: tuple(ins[0].shape), _first_dtype)
 _def("matmul", "contraction", 2, _matmul_shape, _first_dtype)
 _def("conv2d", "window", 2, _conv_shape, _first_dtype)
 _def("pool2d", "window", 1, _pool_shape, _pool_dtype)

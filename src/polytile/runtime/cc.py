@@ -11,6 +11,7 @@ from ..options import Options
 from . import cache
 
 BASE_FLAGS = ("-std=gnu11", "-fopenmp", "-shared", "-fPIC", "-fno-math-errno")
+FAST_MATH = ("-fassociative-math", "-fno-signed-zeros")  # Options.fast_math
 
 
 class CompileError(RuntimeError):
@@ -72,8 +73,9 @@ def wide_vectors(cflags: tuple[str, ...]) -> tuple[str, ...]:
 def build_shared_object(sources: list[str], options: Options) -> tuple[str, bool]:
     """Path of a shared object built from the translation units ``sources`` (compiled in
     parallel, then linked) and whether it came from the cache."""
-    vm_cflags, vm_libs = vector_math(options.cc, tuple(options.cflags))
-    flags = tuple(options.cflags) + wide_vectors(tuple(options.cflags)) + BASE_FLAGS + vm_cflags
+    cflags = tuple(options.cflags) + (FAST_MATH if options.fast_math else ())
+    vm_cflags, vm_libs = vector_math(options.cc, cflags)
+    flags = cflags + wide_vectors(cflags) + BASE_FLAGS + vm_cflags
     k = cache.key(*sources, " ".join(flags), compiler_version(options.cc), __version__, _cpu_signature())
     d = cache.ensure_private_dir(options.cache_dir)
     so = os.path.join(d, f"{k}.so")

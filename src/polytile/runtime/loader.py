@@ -18,6 +18,11 @@ class InputMismatchError(TypeError):
     """A compiled graph was called with inputs unlike the ones it was compiled for."""
 
 
+class LayoutMismatchError(InputMismatchError):
+    """An input's strides differ from the compiled ones in a way a copy cannot repair (the
+    caller may run the graph's ops in ATen instead)."""
+
+
 class KernelRuntimeError(RuntimeError):
     """A generated kernel reported an error (e.g. an index out of range)."""
 
@@ -55,6 +60,18 @@ def _same_strides(t: torch.Tensor, spec: TensorSpec) -> bool:
     return all(s == e or n <= 1 for s, e, n in zip(t.stride(), spec.strides, spec.shape))
 
 
+def _copyable(spec: TensorSpec) -> bool:
+    """Whether a tensor laid out as ``spec`` can be written element by element: no two indices
+    share an address (dims of size > 1 sorted by stride, each stride at least the extent of
+    the dims inside it)."""
+    extent = 1
+    for n, s in sorted(((n, s) for n, s in zip(spec.shape, spec.strides) if n > 1), key=lambda d: d[1]):
+        if s < extent:
+            return False
+        extent = s * n
+    return True
+
+
 class NativeGraph:
     """A compiled graph: ``graph(*tensors) -> list of output tensors``."""
 
@@ -73,6 +90,7 @@ class NativeGraph:
         self.cached_inputs = tuple(cached_inputs)
         self._no_cache: torch.Tensor | None = None
         self.refreshes = 0  # how many times the cached kernels ran
+        self.relayouts = 0  # inputs copied into the compiled layout
         self.inputs, self.outputs = inputs, outputs
         self._in_dtypes = [to_torch(s.dtype) for s in inputs]
         self._out_dtypes = [to_torch(s.dtype) for s in outputs]
@@ -98,18 +116,34 @@ class NativeGraph:
         fn.restype = ctypes.c_int
         return fn
 
-    def check(self, args) -> None:
+    def check(self, args) -> list:
+        """The arguments as the compiled code reads them: each one checked against its spec, and
+        one whose strides differ but which holds the same values (dtype, shape, device) copied
+        into the compiled layout. Raises ``InputMismatchError`` for a call that can never be
+        valid (count, type, dtype, shape, device) and for a layout that cannot be copied into
+        (a compiled layout whose elements overlap, as an expanded input: the compiled code
+        relies on the repeated values)."""
         if len(args) != len(self.inputs):
             raise InputMismatchError(f"polytile {self.name}: expected {len(self.inputs)} inputs, got {len(args)}")
-        for label, t, spec, dt in zip(self.input_labels, args, self.inputs, self._in_dtypes):
+        out = list(args)
+        for k, (label, t, spec, dt) in enumerate(zip(self.input_labels, args, self.inputs, self._in_dtypes)):
             if not isinstance(t, torch.Tensor):
                 raise InputMismatchError(f"polytile {self.name}: {label} is {type(t).__name__}, not a tensor")
             if t.device.type != "cpu":
                 raise InputMismatchError(f"polytile {self.name}: {label} is on {t.device}; compiled for cpu")
-            if t.dtype != dt or tuple(t.shape) != spec.shape or not _same_strides(t, spec):
+            if t.dtype != dt or tuple(t.shape) != spec.shape:
                 raise InputMismatchError(
-                    f"polytile {self.name}: {label} is {str(t.dtype).replace('torch.', '')}{list(t.shape)} "
-                    f"strides {list(t.stride())}; compiled for {spec.describe()}")
+                    f"polytile {self.name}: {label} is {str(t.dtype).replace('torch.', '')}{list(t.shape)}; "
+                    f"compiled for {spec.describe()}")
+            if not _same_strides(t, spec):
+                if not _copyable(spec):
+                    raise LayoutMismatchError(
+                        f"polytile {self.name}: {label} has strides {list(t.stride())}; compiled for "
+                        f"{spec.describe()}, a layout it cannot be copied into")
+                out[k] = torch.empty_strided(spec.shape, spec.strides, dtype=dt).copy_(t)
+                self.relayouts += 1
+                stats.bump("input_relayouts")
+        return out
 
     def _fast_ok(self, args) -> bool:
         """The common case in one pass: exactly the compiled dtype, shape and strides on cpu."""
@@ -123,7 +157,7 @@ class NativeGraph:
 
     def __call__(self, *args: torch.Tensor) -> list[torch.Tensor]:
         if not self._fast_ok(args):
-            self.check(args)  # raises a precise error unless only size-1 strides differ
+            args = self.check(args)
         if self.arena is None:
             self.arena = torch.empty(max(self.arena_bytes, 64), dtype=torch.uint8)
             self._no_cache = torch.empty(64, dtype=torch.uint8)

@@ -21,7 +21,7 @@ from ...dump import dumper_for, next_graph_name
 from ...graph.builder import GraphBuilder, contiguous_strides
 from ...graph.ir import Node
 from ...options import Options
-from ...runtime.loader import TensorSpec
+from ...runtime.loader import LayoutMismatchError, TensorSpec
 from .registry import LOWERINGS, Ctx, ensure_loaded
 
 log = logging.getLogger("polytile")
@@ -199,7 +199,26 @@ def compile_aten_graph(gm: fx.GraphModule, example_inputs, options: Options, par
                 if n.target is not operator.getitem:
                     stats.fell_back(_fallback_reason(n))
                 final.append(n)
-    return _make_runner(gm, pre + final, placeholders, out_node)
+    # static scalars are constants of this compiled graph (its shapes are checked at each call)
+    consts = {n: n.meta["val"] for n in pre}
+    return _make_runner(gm, final, placeholders, out_node, consts)
+
+
+def dense_order(val) -> tuple[int, ...] | None:
+    """The permutation that lists ``val``'s dims from the outermost to the innermost in memory,
+    when ``val`` (an FX node's example value) is dense but not row-major (a transpose, a
+    channels-last tensor); None when it is row-major or not dense (those leave the graph
+    row-major)."""
+    if not isinstance(val, torch.Tensor) or val.dim() < 2:
+        return None
+    shape, strides = tuple(int(n) for n in val.shape), tuple(int(s) for s in val.stride())
+    if _is_contiguous(TensorSpec(shape, strides, "f32")):
+        return None
+    perm = tuple(sorted(range(len(shape)), key=lambda d: (-strides[d], d)))
+    inner = contiguous_strides([shape[d] for d in perm])
+    if any(strides[d] != c and shape[d] > 1 for d, c in zip(perm, inner)):
+        return None
+    return perm
 
 
 def _finish_segment(seg: Segment, options: Options, name: str, dumper, placeholders) -> None:
@@ -207,19 +226,28 @@ def _finish_segment(seg: Segment, options: Options, name: str, dumper, placehold
     uniq: dict[int, int] = {}
     outputs: list[Node] = []
 
-    def export(v):
+    def export(v, val):
         if isinstance(v, Node):
+            # an output leaves with the strides of eager's result (AOTAutograd compiled the
+            # backward graph, and dynamo the code after the graph, for those): it is written in
+            # the order of its memory and handed out as a permuted view of that
+            perm = dense_order(val)
+            if perm is not None:
+                v = b.permute(v, perm)
             if v.op in ("view", "input", "full", "iota"):
                 v = b.node("identity", (v,))
             if v.id not in uniq:
                 uniq[v.id] = len(outputs)
                 outputs.append(v)
+            if perm is not None:
+                return ("permute", uniq[v.id], tuple(sorted(range(len(perm)), key=perm.__getitem__)))
             return uniq[v.id]
         if isinstance(v, (tuple, list)):
-            return ("tuple", tuple(export(x) for x in v))
+            vals = val if isinstance(val, (tuple, list)) and len(val) == len(v) else [None] * len(v)
+            return ("tuple", tuple(export(x, xv) for x, xv in zip(v, vals)))
         return ("const", v)
 
-    seg.out_map = [export(seg.env[n]) for n in seg.out_nodes]
+    seg.out_map = [export(seg.env[n], n.meta.get("val")) for n in seg.out_nodes]
     graph = b.graph(outputs)
     labels = [f"input {placeholders.index(i)} ({i.name})" if i in placeholders else f"value {i.name}"
               for i in seg.inputs]
@@ -232,7 +260,13 @@ def _arg_count_error(n, args):
     raise InputMismatchError(f"polytile: the compiled graph takes {n} inputs, got {len(args)}")
 
 
-def _make_runner(gm, steps, placeholders, out_node):
+def _warn_eager(what: str, err: Exception) -> None:
+    stats.bump("eager_runs")
+    _warn_once(f"{what} (this call)", str(err))
+
+
+def _make_runner(gm, steps, placeholders, out_node, consts):
+    """``consts``: the graph's static scalars (sizes of its tensors), known at compile time."""
     def load(env, a):
         if isinstance(a, fx.Node):
             return env[a]
@@ -243,8 +277,21 @@ def _make_runner(gm, steps, placeholders, out_node):
     def unpack(outs, m):
         if isinstance(m, int):
             return outs[m]
-        kind, v = m
-        return tuple(unpack(outs, x) for x in v) if kind == "tuple" else v
+        kind, *v = m
+        if kind == "permute":
+            return outs[v[0]].permute(v[1])
+        return tuple(unpack(outs, x) for x in v[0]) if kind == "tuple" else v[0]
+
+    def run_segment(seg, env):
+        try:
+            outs = seg.native(*[env[i] for i in seg.inputs])
+        except LayoutMismatchError as e:  # an input laid out as no compiled kernel reads it
+            _warn_eager(f"segment {seg.native.name}", e)
+            for n in seg.nodes:
+                env[n] = n.target(*load(env, n.args), **load(env, n.kwargs))
+            return
+        for n, m in zip(seg.out_nodes, seg.out_map):
+            env[n] = unpack(outs, m)
 
     segs = [s for s in steps if isinstance(s, Segment)]
     nargs = len(placeholders)
@@ -256,43 +303,38 @@ def _make_runner(gm, steps, placeholders, out_node):
         seg = segs[0]
         in_pos = [placeholders.index(i) for i in seg.inputs]
         out_maps = [seg.out_map[seg.out_nodes.index(o)] for o in outs_spec]
-        if all(isinstance(m, int) for m in out_maps):
-            native = seg.native
+        native = seg.native
+        direct = in_pos == list(range(nargs)) and out_maps == list(range(len(seg.out_nodes)))
+        plain = all(isinstance(m, int) for m in out_maps)
 
-            if in_pos == list(range(nargs)) and out_maps == list(range(len(seg.out_nodes))):
-                def run_one(*args):  # inputs and outputs in the graph's order: no reshuffling
-                    if len(args) != nargs:
-                        _arg_count_error(nargs, args)
-                    return native(*args)
+        def run_one(*args):
+            if len(args) != nargs:
+                _arg_count_error(nargs, args)
+            try:
+                outs = native(*args) if direct else native(*[args[k] for k in in_pos])
+            except LayoutMismatchError as e:
+                _warn_eager(f"graph {native.name}", e)
+                return list(gm(*args))
+            if direct:  # inputs and outputs in the graph's order: no reshuffling
+                return outs
+            return [outs[m] for m in out_maps] if plain else [unpack(outs, m) for m in out_maps]
 
-                def run_boxed(args):
-                    if len(args) != nargs:
-                        _arg_count_error(nargs, args)
-                    return native(*args)
-            else:
-                def run_one(*args):
-                    if len(args) != nargs:
-                        _arg_count_error(nargs, args)
-                    outs = native(*[args[k] for k in in_pos])
-                    return [outs[m] for m in out_maps]
+        def run_boxed(args):
+            return run_one(*args)
 
-                def run_boxed(args):
-                    return run_one(*args)
-
-            run_boxed._boxed_call = True  # AOTAutograd's list-of-arguments convention, one call less
-            run_one.steps = steps
-            run_one.boxed = run_boxed
-            return run_one
+        run_boxed._boxed_call = True  # AOTAutograd's list-of-arguments convention
+        run_one.steps = steps
+        run_one.boxed = run_boxed
+        return run_one
 
     def run(*args):
         if len(args) != nargs:
             _arg_count_error(nargs, args)
         env = dict(zip(placeholders, args))
+        env.update(consts)
         for st in steps:
             if isinstance(st, Segment):
-                outs = st.native(*[env[i] for i in st.inputs])
-                for n, m in zip(st.out_nodes, st.out_map):
-                    env[n] = unpack(outs, m)
+                run_segment(st, env)
             elif st.op == "get_attr":
                 env[st] = getattr(gm, st.target)
             else:

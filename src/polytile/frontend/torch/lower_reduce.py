@@ -118,22 +118,12 @@ def logsumexp(ctx, x, dim, keepdim=False):
     return r if keepdim else b.squeeze(r, _dims(dim))
 
 
-@lowers(aten.cumsum.default)
+@lowers(aten.cumsum.default, aten.cumprod.default)
 def cumsum(ctx, x, dim, dtype=None):
-    """An inclusive scan as a contraction with a triangular 0/1 matrix (quadratic work, so only
-    for dims up to 4096: position ids and masks, not long sequences)."""
+    """An inclusive scan, in order along ``dim`` (inf and NaN propagate as in eager)."""
     b = ctx.b
-    dt = ctx.out_dtype
+    x = b.cast(x, ctx.out_dtype)
     if not x.shape:
-        return b.cast(x, dt)
-    dim %= len(x.shape)
-    n = x.shape[dim]
-    if n > 4096:
-        raise Unsupported(f"cumsum over {n} elements")
-    rows = b.reshape(b.iota(n, "int64"), [n, 1])
-    cols = b.reshape(b.iota(n, "int64"), [1, n])
-    tri = b.cast(b.ew("le", rows, cols), dt)  # tri[j, i] = 1 if j <= i
-    if len(x.shape) == 1:
-        return b.squeeze(b.matmul(b.unsqueeze(b.cast(x, dt), 0), tri), [0])
-    xt = b.transpose(b.cast(x, dt), dim, -1)
-    return b.transpose(b.matmul(xt, tri), dim, -1)
+        return x
+    op = "scan_add" if ctx.node.target is aten.cumsum.default else "scan_mul"
+    return b.node(op, [x], axis=dim % len(x.shape))
