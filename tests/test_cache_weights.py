@@ -10,6 +10,21 @@ import polytile
 from polytile.affine.ir import Buffer, For, Kernel, Load, Program, Store, Var, c
 from polytile.transform.cache_static import cache_static_kernels, mark_static_inputs
 
+ON = {"cache_weights": True}  # opt-in: a write through ``.data`` is not seen
+
+
+def test_by_default_a_write_through_data_is_seen():
+    """The cache is off by default: a weight changed through ``.data`` (EMA, pruning and
+    weight-loading code) bypasses the version counter, and is still read as it is."""
+    torch.manual_seed(0)
+    m = Conv1D(96, 400)
+    x = torch.randn(40, 96)
+    cm = torch.compile(m, backend="polytile")
+    _check(cm, m, x)
+    m.weight.data.mul_(2)
+    _check(cm, m, x)
+    assert polytile.stats()["cached_kernels"] == 0
+
 
 class Conv1D(torch.nn.Module):
     """GPT-2's projection: x @ W + b with W stored [in, out] (its panels are packed from rows
@@ -37,7 +52,7 @@ def test_weight_panels_are_packed_once_and_again_after_each_update():
     torch.manual_seed(0)
     m = Conv1D(96, 400)  # 8 full panels of 48 columns and a partial one
     x = torch.randn(40, 96)
-    cm = torch.compile(m, backend="polytile")
+    cm = torch.compile(m, backend="polytile", options=ON)
     polytile.reset_stats()
     for _ in range(3):
         _check(cm, m, x)
@@ -67,7 +82,7 @@ def test_training_steps_see_each_optimizer_update():
     m = Conv1D(96, 400)
     ref = Conv1D(96, 400)
     ref.load_state_dict(m.state_dict())
-    cm = torch.compile(m, backend="polytile")
+    cm = torch.compile(m, backend="polytile", options=ON)
     opts = [torch.optim.SGD(mod.parameters(), lr=0.1) for mod in (m, ref)]
     polytile.reset_stats()
     for step in range(3):
@@ -89,7 +104,7 @@ def test_blocked_reduction_reads_each_block_of_the_cached_panels():
     torch.manual_seed(1)
     m = Conv1D(700, 500)
     x = torch.randn(30, 700)
-    cm = torch.compile(m, backend="polytile", options={"target": {"l2_bytes": 128 * 1024}})
+    cm = torch.compile(m, backend="polytile", options={**ON, "target": {"l2_bytes": 128 * 1024}})
     polytile.reset_stats()
     _check(cm, m, x)
     assert polytile.stats()["cache_refreshes"] == 1
@@ -128,7 +143,7 @@ def test_parameters_made_in_inference_mode_are_recomputed_every_call():
     with torch.inference_mode():
         m = Conv1D(64, 400)
         x = torch.randn(20, 64)
-        cm = torch.compile(m, backend="polytile")
+        cm = torch.compile(m, backend="polytile", options=ON)
         polytile.reset_stats()
         torch.testing.assert_close(cm(x), m(x), rtol=1e-4, atol=1e-4)
         m.weight.mul_(2)
@@ -144,7 +159,7 @@ def test_linear_layers_with_cached_weights_match_eager(m, k, n, layout):
     torch.manual_seed(m + k + n)
     lin = torch.nn.Linear(k, n) if layout == "nk" else Conv1D(k, n)
     x = torch.randn(m, k)
-    cm = torch.compile(lin, backend="polytile")
+    cm = torch.compile(lin, backend="polytile", options=ON)
     polytile.reset_stats()
     _check(cm, lin, x)
     # (7 rows: too few for a register tile, the weight is read as it is, nothing to cache)
@@ -193,7 +208,7 @@ def test_instances_sharing_a_graph_keep_their_own_cached_panels():
     torch.manual_seed(5)
     mods = [Conv1D(96, 400) for _ in range(MAX_SETS + 1)]
     x = torch.randn(40, 96)
-    cms = [torch.compile(m, backend="polytile") for m in mods]
+    cms = [torch.compile(m, backend="polytile", options=ON) for m in mods]
     polytile.reset_stats()
     for _ in range(3):
         for m, cm in zip(mods[:2], cms[:2]):

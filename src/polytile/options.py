@@ -79,12 +79,13 @@ class Options:
     """Graph outputs of 256 KB and more live in memory that the graph keeps and reuses once the
     caller has dropped them (at most two calls' worth held), instead of fresh pages from malloc
     that fault on first write. Their storage cannot be resized."""
-    cache_weights: bool = True
-    """Values computed from parameters and buffers alone (weight panels packed for the register
-    tiles, a weight's transposed copy) are kept between calls and recomputed only when such an
-    input's storage or version counter changes (any in-place update through the tensor, e.g.
-    an optimizer step or ``load_state_dict``). A write through ``.data``, which bypasses the
-    version counter, is not seen: turn this off for code that updates weights that way."""
+    cache_weights: bool = False
+    """Opt-in, like Inductor's ``freezing``: values computed from parameters and buffers alone
+    (weight panels packed for the register tiles, a weight's transposed copy) are kept between
+    calls and recomputed only when such an input's storage or version counter changes (any
+    in-place update through the tensor, e.g. an optimizer step or ``load_state_dict``). A write
+    through ``.data`` bypasses the version counter and is NOT seen (the old values are used):
+    turn this on only for code that never updates weights that way."""
     target: Any = None
     """Overrides of the detected machine description (``polytile.target.Target`` fields),
     e.g. ``{"vector_bytes": 16}``; the cost models read the result."""

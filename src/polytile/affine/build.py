@@ -5,6 +5,8 @@ at the point where they are read.
 """
 from __future__ import annotations
 
+import math
+
 from typing import Callable, Sequence
 
 from ..dtypes import Unsupported
@@ -371,35 +373,59 @@ class _Builder:
         stmts.append(If(Op("logical_not", (_in_range(iv, size),), "bool"), (Fail(1), Assign(name, c(0)))))
         return stmts, iv
 
+    def _index_region(self, x: Node, inds, dims, wrap: bool, idx) -> tuple[list[Stmt], list[Expr]]:
+        """For an index ``idx`` of the region x[i0, i1, ...] selects (advanced indexing over
+        ``dims`` with broadcast index tensors ``inds``): the checked index loads and the index
+        of x it reads."""
+        from ..graph.ops import broadcast_shapes
+
+        nb = len(broadcast_shapes(*(i.shape for i in inds)))
+        rest = [d for d in range(len(x.shape)) if d not in dims]
+        if list(dims) == list(range(dims[0], dims[0] + len(dims))):  # adjacent: in their place
+            mid = idx[dims[0]:dims[0] + nb]
+            other = list(idx[:dims[0]]) + list(idx[dims[0] + nb:])
+        else:
+            mid, other = idx[:nb], list(idx[nb:])
+        stmts: list[Stmt] = []
+        xi: list = [None] * len(x.shape)
+        for j, (d, ind) in enumerate(zip(dims, inds)):
+            st, iv = self._checked_index(self.read(ind, self.bcast(ind.shape, mid)), x.shape[d], wrap, f"ix{j}")
+            stmts += st
+            xi[d] = iv
+        for d, e in zip(rest, other):
+            xi[d] = e
+        return stmts, xi
+
     def index_nd(self, n: Node) -> None:
         """x[i0, i1, ...] on the dims ``dims`` with broadcast index tensors (advanced indexing)."""
         x, *inds = n.inputs
-        dims = n.attr("dims")
-        from ..graph.ops import broadcast_shapes
-
-        bshape = broadcast_shapes(*(i.shape for i in inds))
-        nb = len(bshape)
-        rest = [d for d in range(len(x.shape)) if d not in dims]
-        consecutive = list(dims) == list(range(dims[0], dims[0] + len(dims)))
 
         def body(idx):
-            if consecutive:
-                mid = idx[dims[0]:dims[0] + nb]
-                other = list(idx[:dims[0]]) + list(idx[dims[0] + nb:])
-            else:
-                mid, other = idx[:nb], list(idx[nb:])
-            stmts: list[Stmt] = []
-            xi: list = [None] * len(x.shape)
-            for j, (d, ind) in enumerate(zip(dims, inds)):
-                st, iv = self._checked_index(self.read(ind, self.bcast(ind.shape, mid)), x.shape[d],
-                                             n.attr("wrap", False), f"ix{j}")
-                stmts += st
-                xi[d] = iv
-            for d, e in zip(rest, other):
-                xi[d] = e
+            stmts, xi = self._index_region(x, inds, n.attr("dims"), n.attr("wrap", False), idx)
             return stmts + [self.store(n, idx, self.read(x, xi))]
 
         self.emit(n, self.loops(n.shape, "i", body, True))
+
+    def index_put(self, n: Node) -> None:
+        """A copy of the base, then the indexed elements set (or increased) one after another:
+        the second nest runs in order (repeated indices accumulate as in eager)."""
+        from ..graph.ops import _index_nd_shape
+
+        base, vals, *inds = n.inputs
+        dims = n.attr("dims")
+        self.emit(n, self.loops(n.shape, "i", lambda idx: [self.store(n, idx, self.read(base, idx))], True),
+                  f"copy{list(n.shape)} for index_put")
+        region = _index_nd_shape([base, *inds], {"dims": dims})
+
+        def body(idx):
+            stmts, xi = self._index_region(base, inds, dims, n.attr("wrap", False), idx)
+            v = self.read(vals, self.bcast(vals.shape, idx))
+            if n.attr("accumulate"):
+                v = _o("add", self.read(n, xi), v)
+            return stmts + [self.store(n, xi, v)]
+
+        if math.prod(region):
+            self.emit(n, self.loops(region, "i", body, False), f"index_put{list(region)} into {list(n.shape)}")
 
     def gather(self, n: Node) -> None:
         x, ind = n.inputs
@@ -487,7 +513,7 @@ _KIND = {
 _OP = {
     "conv2d": _Builder.conv2d, "pool2d": _Builder.pool2d, "adaptive_avg_pool2d": _Builder.adaptive_avg_pool2d,
     "gather": _Builder.gather, "take_along": _Builder.take_along, "pad": _Builder.pad,
-    "index_nd": _Builder.index_nd, "attention": _attention,
+    "index_nd": _Builder.index_nd, "index_put": _Builder.index_put, "attention": _attention,
 }
 
 

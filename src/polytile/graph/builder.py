@@ -213,6 +213,16 @@ class GraphBuilder:
         new_st[dim] = st[dim] * step
         return self._view(x, shape, new_st, start * st[dim])
 
+    def flip(self, x: Node, dims: Sequence[int]) -> Node:
+        """x reversed along ``dims``: a view with negated strides."""
+        _, xs, st, _ = self.strided(x)
+        new_st, delta = list(st), 0
+        for d in {d % len(xs) for d in dims} if xs else ():
+            if xs[d] > 1:
+                delta += (xs[d] - 1) * st[d]
+                new_st[d] = -st[d]
+        return self._view(x, xs, new_st, delta)
+
     def select(self, x: Node, dim: int, index: int) -> Node:
         _, xs, st, _ = self.strided(x)
         dim %= len(xs)

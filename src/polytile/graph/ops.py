@@ -135,6 +135,17 @@ def _index_nd_shape(ins, a):
     return b + tuple(rest)
 
 
+def _index_put_shape(ins, a):
+    base, vals, inds = ins[0], ins[1], ins[2:]
+    region = _index_nd_shape([base, *inds], a)
+    broadcast_shapes(region, vals.shape)  # the values must broadcast to the indexed region
+    if len(vals.shape) > len(region) or broadcast_shapes(region, vals.shape) != region:
+        raise Unsupported(f"index_put: values {vals.shape} do not broadcast to {region}")
+    if vals.dtype != base.dtype:
+        raise Unsupported("index_put: values and destination of different dtypes (insert a cast)")
+    return tuple(base.shape)
+
+
 def _concat_shape(ins, a):
     ax = a["axis"]
     base = list(ins[0].shape)
@@ -197,6 +208,10 @@ _def("attention", "attention", None, _attention_shape, _first_dtype)
 _def("gather", "index", 2, _gather_shape, _first_dtype)
 _def("take_along", "index", 2, lambda ins, a: tuple(ins[1].shape), _first_dtype)
 _def("index_nd", "index", None, _index_nd_shape, _first_dtype)
+# base with base[i0, i1, ...] (on the dims ``dims``, advanced-indexing order) set to values, or
+# increased by them (``accumulate``: every repeated index adds, in order): inputs base, values,
+# one index tensor per indexed dim
+_def("index_put", "index", None, _index_put_shape, _first_dtype)
 _def("concat", "concat", None, _concat_shape, _first_dtype)
 _def("pad", "index", 1, _pad_shape, _first_dtype)
 _def("full", "generator", 0, _attr_shape, _attr_dtype)

@@ -27,7 +27,7 @@ class KernelRuntimeError(RuntimeError):
     """A generated kernel reported an error (e.g. an index out of range)."""
 
 
-_ERRORS = {1: "index out of range in an indexing op (index_select / embedding / gather)"}
+_ERRORS = {1: "index out of range in an indexing op (index_select / embedding / gather / index_put / scatter)"}
 
 
 @dataclass(frozen=True)

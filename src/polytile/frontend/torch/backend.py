@@ -12,12 +12,19 @@ from ...options import Options
 log = logging.getLogger("polytile")
 
 
+# training ops outside the core-ATen set whose torch decompositions use only lowered ops
+_TRAINING_DECOMPOSITIONS = ("_native_batch_norm_legit_functional", "max_pool2d_with_indices_backward")
+
+
 @functools.lru_cache(maxsize=1)
 def decompositions():
-    """Core-ATen decompositions: what AOTAutograd applies before polytile sees the graph."""
-    from torch._decomp import core_aten_decompositions
+    """Core-ATen decompositions and a few training ones: what AOTAutograd applies before
+    polytile sees the graph."""
+    from torch._decomp import core_aten_decompositions, get_decompositions
 
-    return core_aten_decompositions()
+    table = dict(core_aten_decompositions())
+    table.update(get_decompositions([getattr(torch.ops.aten, n) for n in _TRAINING_DECOMPOSITIONS]))
+    return table
 
 
 def _static(example_inputs) -> bool:

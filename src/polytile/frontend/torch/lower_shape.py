@@ -156,6 +156,50 @@ def index(ctx, x, indices):
     return ctx.b.node("index_nd", [x] + [i for _, i in given], dims=tuple(k for k, _ in given), wrap=True)
 
 
+@lowers(aten.index_put.default)
+def index_put(ctx, x, indices, values, accumulate=False):
+    """x with x[..., i0, ..., i1, ...] set to values (accumulate: increased by them)."""
+    b = ctx.b
+    given = [(k, i) for k, i in enumerate(indices) if i is not None]
+    if not given or any(not isinstance(i, Node) or i.dtype in ("bool", "uint8") for _, i in given):
+        raise Unsupported("aten.index_put with a boolean (mask) index")
+    if accumulate and x.dtype == "bool":
+        raise Unsupported("index_put accumulating booleans")
+    values = b.cast(values, x.dtype) if isinstance(values, Node) else b.full(values, x.dtype)
+    return b.node("index_put", [x, values] + [i for _, i in given], dims=tuple(k for k, _ in given),
+                  accumulate=bool(accumulate), wrap=True)
+
+
+def _scatter(ctx, x, dim, index, src, accumulate):
+    """x[..., index[i], ...] (+)= src[i] for every position i of index: an index_put with index on
+    ``dim`` and the position itself on every other dim."""
+    b = ctx.b
+    if not x.shape or len(index.shape) != len(x.shape):
+        raise Unsupported("scatter of a 0-d tensor or with an index of another rank")
+    dim %= len(x.shape)
+    r = len(x.shape)
+    inds = [index if d == dim else b.reshape(b.iota(n, "int64"), [n if k == d else 1 for k in range(r)])
+            for d, n in enumerate(index.shape)]
+    if isinstance(src, Node):
+        for d, n in enumerate(index.shape):
+            if src.shape[d] != n:
+                src = b.slice(src, d, 0, n)
+        src = b.cast(src, x.dtype)
+    else:
+        src = b.full(src, x.dtype)
+    return b.node("index_put", [x, src] + inds, dims=tuple(range(r)), accumulate=accumulate, wrap=False)
+
+
+@lowers(aten.scatter_add.default)
+def scatter_add(ctx, x, dim, index, src):
+    return _scatter(ctx, x, dim, index, src, True)
+
+
+@lowers(aten.scatter.src, aten.scatter.value)
+def scatter(ctx, x, dim, index, src):
+    return _scatter(ctx, x, dim, index, src, False)
+
+
 @lowers(aten.repeat.default)
 def repeat(ctx, x, repeats):
     b = ctx.b

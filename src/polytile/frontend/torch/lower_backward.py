@@ -1,0 +1,124 @@
+"""Lowering rules of the backward ops that AOTAutograd's core-ATen decompositions leave:
+convolution and pooling gradients, built from the forward ops (a gradient of a convolution is
+a convolution)."""
+from __future__ import annotations
+
+import torch
+
+from ...dtypes import Unsupported
+from ...graph.ops import window_out
+from .lower_nn import _pair
+from .registry import lowers
+
+aten = torch.ops.aten
+
+
+def _dilate(b, x, s: tuple[int, int]):
+    """x [N, C, H, W] with s-1 zeros between neighbouring pixels: [N, C, (H-1)*sh+1, (W-1)*sw+1]."""
+    if tuple(s) == (1, 1):
+        return x
+    N, C, H, W = x.shape
+    x6 = b.reshape(x, [N, C, H, 1, W, 1])
+    if s[0] > 1:
+        x6 = b.concat([x6, b.full(0, x.dtype, [N, C, H, s[0] - 1, W, 1])], 3)
+    if s[1] > 1:
+        x6 = b.concat([x6, b.full(0, x.dtype, [N, C, H, s[0], W, s[1] - 1])], 5)
+    x = b.reshape(x6, [N, C, H * s[0], W * s[1]])
+    return b.slice(b.slice(x, 2, 0, (H - 1) * s[0] + 1), 3, 0, (W - 1) * s[1] + 1)
+
+
+def _grad_input(b, go, w, in_hw, stride, padding, dilation, groups):
+    """d(conv)/d(input): the gradient dilated by the stride, convolved with the weight flipped
+    in space and transposed per group (input and output channels swapped)."""
+    O, Cg, KH, KW = w.shape
+    g = groups
+    wt = b.reshape(w, [g, O // g, Cg, KH, KW])
+    wt = b.reshape(b.materialize(b.flip(b.permute(wt, [0, 2, 1, 3, 4]), [3, 4])), [g * Cg, O // g, KH, KW])
+    x = _dilate(b, go, stride)
+    lo, hi = [], []
+    for d, (n, k, s, p, dl) in enumerate(zip(in_hw, (KH, KW), stride, padding, dilation)):
+        edge = dl * (k - 1) - p
+        if edge < 0:
+            raise Unsupported("convolution gradient with padding wider than the kernel")
+        extra = (n + 2 * p - dl * (k - 1) - 1) % s  # input rows after the last window's start
+        lo.append(edge)
+        hi.append(edge + extra)
+    return b.node("conv2d", [x, wt], stride=(1, 1), padding=tuple(lo), padding_hi=tuple(hi),
+                  dilation=tuple(dilation), groups=g)
+
+
+def _grad_weight(b, go, x, kernel, stride, padding, dilation, groups):
+    """d(conv)/d(weight): per group, the input (channels as the batch, the batch as channels)
+    convolved with the gradient (stride and dilation swap roles)."""
+    N, C, H, W = x.shape
+    O = go.shape[1]
+    g = groups
+    xp = b.reshape(b.permute(b.reshape(x, [N, g, C // g, H, W]), [2, 1, 0, 3, 4]), [C // g, g * N, H, W])
+    gp = b.reshape(b.permute(b.reshape(go, [N, g, O // g, *go.shape[2:]]), [1, 2, 0, 3, 4]),
+                   [O, N, *go.shape[2:]])
+    y = b.node("conv2d", [b.materialize(xp), b.materialize(gp)], stride=tuple(dilation), padding=tuple(padding),
+               dilation=tuple(stride), groups=g)  # [C/g, O, KH', KW'] with KH' >= KH
+    y = b.slice(b.slice(y, 2, 0, kernel[0]), 3, 0, kernel[1])
+    return b.permute(y, [1, 0, 2, 3])
+
+
+@lowers(aten.convolution_backward.default)
+def convolution_backward(ctx, go, x, w, bias_sizes, stride, padding, dilation, transposed, output_padding,
+                         groups, output_mask):
+    b = ctx.b
+    if transposed:
+        raise Unsupported("gradient of a transposed convolution")
+    nd = len(x.shape) - 2
+    if nd == 1:  # conv1d as conv2d with H = 1
+        outs = convolution_backward(ctx, b.unsqueeze(go, 2), b.unsqueeze(x, 2), b.unsqueeze(w, 2), bias_sizes,
+                                    [1, *stride], [0, *padding], [1, *dilation], False, None, groups, output_mask)
+        return tuple(None if o is None else b.squeeze(o, [2]) if k < 2 else o for k, o in enumerate(outs))
+    if nd != 2:
+        raise Unsupported(f"conv{nd}d gradient")
+    stride, padding, dilation = _pair(stride), _pair(padding), _pair(dilation)
+    gi = gw = gb = None
+    if output_mask[0]:
+        gi = _grad_input(b, go, w, x.shape[2:], stride, padding, dilation, int(groups))
+    if output_mask[1]:
+        gw = _grad_weight(b, go, x, w.shape[2:], stride, padding, dilation, int(groups))
+    if output_mask[2]:
+        gb = b.reduce("reduce_sum", go, [0, 2, 3])
+    return gi, gw, gb
+
+
+@lowers(aten.avg_pool2d_backward.default)
+def avg_pool2d_backward(ctx, go, x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override):
+    """Each input pixel gathers the gradients of the windows that cover it, divided by their
+    divisors: the gradient scaled per window, then the transposed convolution of a ones kernel
+    (a depthwise gradient-of-convolution)."""
+    b = ctx.b
+    x4, go4 = (x, go) if len(x.shape) == 4 else (b.unsqueeze(x, 0), b.unsqueeze(go, 0))
+    N, C, H, W = x4.shape
+    k, s, p = _pair(kernel_size), _pair(stride or kernel_size), _pair(padding)
+    if ceil_mode:
+        raise Unsupported("avg_pool2d gradient with ceil_mode")
+    OH, OW = go4.shape[2:]
+    if (OH, OW) != (window_out(H, k[0], s[0], p[0], 1), window_out(W, k[1], s[1], p[1], 1)):
+        raise Unsupported("avg_pool2d gradient: unexpected output size")
+    if divisor_override:
+        scaled = b.ew("div", go4, float(divisor_override))
+    elif count_include_pad:
+        scaled = b.ew("div", go4, float(k[0] * k[1]))
+    else:  # the window's count of real pixels: the same pool of ones
+        ones = b.full(1.0, x.dtype, [1, 1, H, W])
+        cnt = b.node("pool2d", [ones], mode="avg", kernel=k, stride=s, padding=p, dilation=(1, 1),
+                     ceil_mode=False, count_include_pad=True, divisor=1)
+        scaled = b.ew("div", go4, cnt)
+    w = b.full(1.0, x.dtype, [C, 1, *k])
+    gi = _grad_input(b, scaled, b.materialize(w), (H, W), s, p, (1, 1), C)
+    return gi if len(x.shape) == 4 else b.squeeze(gi, [0])
+
+
+@lowers(aten._adaptive_avg_pool2d_backward.default)
+def adaptive_avg_pool2d_backward(ctx, go, x):
+    b = ctx.b
+    (H, W), (OH, OW) = x.shape[-2:], go.shape[-2:]
+    if H % OH or W % OW:
+        raise Unsupported("adaptive_avg_pool2d gradient with an input size not divisible by the output size")
+    k = (H // OH, W // OW)
+    return avg_pool2d_backward(ctx, go, x, k, k, 0, False, True, None)
