@@ -16,6 +16,12 @@ log = logging.getLogger("polytile")
 _TRAINING_DECOMPOSITIONS = ("_native_batch_norm_legit_functional", "max_pool2d_with_indices_backward")
 
 
+# core-ATen decompositions polytile does not take: torch's decomposition of the CPU flash
+# attention returns the probabilities where the backward op reads the logsumexp (right for
+# inference only); polytile lowers the op itself (lower_nn.sdpa_flash_cpu)
+_KEPT = (torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,)
+
+
 @functools.lru_cache(maxsize=1)
 def decompositions():
     """Core-ATen decompositions and a few training ones: what AOTAutograd applies before
@@ -23,6 +29,8 @@ def decompositions():
     from torch._decomp import core_aten_decompositions, get_decompositions
 
     table = dict(core_aten_decompositions())
+    for op in _KEPT:
+        table.pop(op, None)
     table.update(get_decompositions([getattr(torch.ops.aten, n) for n in _TRAINING_DECOMPOSITIONS]))
     return table
 

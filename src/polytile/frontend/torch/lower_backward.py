@@ -3,11 +3,13 @@ convolution and pooling gradients, built from the forward ops (a gradient of a c
 a convolution)."""
 from __future__ import annotations
 
+import math
+
 import torch
 
 from ...dtypes import Unsupported
 from ...graph.ops import window_out
-from .lower_nn import _pair
+from .lower_nn import _pair, scores
 from .registry import lowers
 
 aten = torch.ops.aten
@@ -122,3 +124,23 @@ def adaptive_avg_pool2d_backward(ctx, go, x):
         raise Unsupported("adaptive_avg_pool2d gradient with an input size not divisible by the output size")
     k = (H // OH, W // OW)
     return avg_pool2d_backward(ctx, go, x, k, k, 0, False, True, None)
+
+
+@lowers(aten._scaled_dot_product_flash_attention_for_cpu_backward.default)
+def sdpa_flash_cpu_backward(ctx, go, q, k, v, out, lse, dropout_p, is_causal, *, attn_mask=None, scale=None):
+    """Attention's gradients from the probabilities recomputed with the saved logsumexp:
+    dV = P^T dO, dS = P * (dO V^T - rowsum(dO * O)), dQ = dS K * scale, dK = dS^T Q * scale."""
+    b = ctx.b
+    if dropout_p:
+        raise Unsupported("attention gradient with dropout")
+    if q.shape[:-2] != k.shape[:-2] or k.shape[:-2] != v.shape[:-2]:
+        raise Unsupported("attention gradient with broadcast heads")
+    sc = scale if scale is not None else 1 / math.sqrt(q.shape[-1])
+    p = b.ew("exp", b.ew("sub", scores(b, q, k, attn_mask, is_causal, scale), b.unsqueeze(lse, -1)))
+    dv = b.matmul(b.transpose(p, -2, -1), go)
+    dp = b.matmul(go, b.transpose(v, -2, -1))
+    rows = b.reduce("reduce_sum", b.ew("mul", go, out), [-1], True)
+    ds = b.ew("mul", p, b.ew("sub", dp, rows))
+    dq = b.ew("mul", b.matmul(ds, k), sc)
+    dk = b.ew("mul", b.matmul(b.transpose(ds, -2, -1), q), sc)
+    return dq, dk, dv

@@ -136,8 +136,8 @@ def native_group_norm(ctx, x, weight, bias, N, C, HxW, group, eps):
 
 
 # ---------------------------------------------------------------- attention layers
-def _attention(b, q, k, v, mask=None, causal=False, scale=None):
-    """softmax(q k^T * scale + mask) v over [..., L, D] tensors."""
+def scores(b, q, k, mask=None, causal=False, scale=None):
+    """q k^T * scale with the causal mask and ``mask`` applied, over [..., L, D] tensors."""
     d = q.shape[-1]
     s = b.ew("mul", b.matmul(q, b.transpose(k, -2, -1)), scale if scale is not None else 1 / math.sqrt(d))
     if causal:
@@ -147,8 +147,29 @@ def _attention(b, q, k, v, mask=None, causal=False, scale=None):
         s = b.where(b.ew("le", cols, rows), s, float("-inf"))
     if mask is not None:
         s = b.where(mask, s, float("-inf")) if mask.dtype == "bool" else b.ew("add", s, mask)
+    return s
+
+
+def _attention(b, q, k, v, mask=None, causal=False, scale=None):
+    """softmax(q k^T * scale + mask) v over [..., L, D] tensors; returns (out, probs, scores)."""
+    s = scores(b, q, k, mask, causal, scale)
     p = compose.softmax(b, s, -1)
-    return b.matmul(p, v), p
+    return b.matmul(p, v), p, s
+
+
+@lowers(aten._scaled_dot_product_flash_attention_for_cpu.default)
+def sdpa_flash_cpu(ctx, q, k, v, dropout_p=0.0, is_causal=False, *, attn_mask=None, scale=None):
+    """(out, logsumexp of the scores per query row): the second output is what the backward op
+    reads (torch's own decomposition returns the probabilities there, which only inference may
+    ignore). Unused, the logsumexp is dead code and the attention stays one fused kernel."""
+    b = ctx.b
+    if dropout_p:
+        raise Unsupported("attention with dropout")
+    out, _, s = _attention(b, q, k, v, attn_mask, is_causal, scale)
+    m = b.reduce("reduce_max", s, [-1], True)
+    m = b.where(b.node("isinf", [m]), 0.0, m)  # a row of -inf only: no inf - inf
+    lse = b.ew("add", b.ew("log", b.reduce("reduce_sum", b.ew("exp", b.ew("sub", s, m)), [-1], True)), m)
+    return out, b.squeeze(lse, [-1])
 
 
 def _mha(b, query, key, value, E, H, w_in, b_in, w_out, b_out, mask=None):
@@ -162,7 +183,7 @@ def _mha(b, query, key, value, E, H, w_in, b_in, w_out, b_out, mask=None):
         return b.permute(b.reshape(y, [x.shape[0], x.shape[1], H, D]), [0, 2, 1, 3])
 
     q, k, v = proj(query, 0), proj(key, 1), proj(value, 2)
-    o, p = _attention(b, q, k, v, mask)
+    o, p, _ = _attention(b, q, k, v, mask)
     o = b.reshape(b.permute(o, [0, 2, 1, 3]), [query.shape[0], query.shape[1], E])
     return compose.linear(b, o, w_out, b_out), p
 
