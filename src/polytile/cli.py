@@ -24,6 +24,8 @@ def main(argv: list[str] | None = None) -> int:
     m.add_argument("--no-inductor", action="store_true")
     m.add_argument("--models-csv", default=None, help="default: ../shared/bench/models.csv")
     m.add_argument("--out", default="bench-out", help="folder for report.md, results.json, speedup.png")
+    m.add_argument("--train", action="store_true",
+                   help="training mode: gradients and SGD steps against eager, forward+backward step time")
     m.add_argument("--options", default=None, metavar="JSON",
                    help='extra polytile options, e.g. \'{"fusion": false}\' for an ablation')
     f = b.add_parser("fusion", help="memory-bound workloads: polytile with/without fusion vs eager and Inductor")
@@ -102,8 +104,10 @@ def _bench_models(a, argv) -> int:
     extra = json.loads(a.options) if a.options else None
     if extra:
         env["polytile options"] = extra
+    if a.train:
+        env["mode"] = "training"
     results = suite.run_suite(specs, batch=a.batch, threads=a.threads, rounds=a.rounds, time_budget_s=a.budget,
-                              inductor=not a.no_inductor, on_result=save, options=extra)
+                              inductor=not a.no_inductor, on_result=save, options=extra, train=a.train)
     # again at the end, the larger kept (a reading taken while the host was busy is low)
     env[report.PEAK_KEY] = max(env[report.PEAK_KEY], round(fma_peak(a.threads) / 1e9, 1))
     paths = report.write_report(results, env, a.out, command)

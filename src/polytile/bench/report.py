@@ -50,6 +50,15 @@ def markdown(results: list[ModelResult], env: dict, command: str) -> str:
     failures = [f"- **{r.name}** ({r.status}): {r.error or r.accuracy or ', '.join(r.fallbacks)}"
                 for r in results if r.status != "pass"]
     env_lines = "\n".join(f"- {k}: {v}" for k, v in env.items())
+    if env.get("mode") == "training":
+        how = ("Training mode (dropout off, batch norm in train mode): a model passes when its gradients "
+               "after one forward and backward step, and its weights after 3 SGD-with-momentum steps, "
+               "match eager's by the accuracy rule (tol 1e-2, PyTorch's training tolerance), with no op "
+               "run through ATen. Times are medians of alternating steps (zero_grad, forward, backward; "
+               "the optimizer is left out) after warm-up; `compile s` is the first step.")
+        return "\n\n".join(["# polytile model suite, training", f"Command: `{command}`",
+                             "Environment:\n" + env_lines, "**" + summary(results) + "**", how, table,
+                             "## Failures and their causes\n\n" + ("\n".join(failures) if failures else "none")]) + "\n"
     return "\n\n".join([
         "# polytile model suite", f"Command: `{command}`", "Environment:\n" + env_lines,
         "**" + summary(results) + "**",

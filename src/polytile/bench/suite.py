@@ -135,7 +135,11 @@ def environment() -> dict[str, Any]:
 
 def run_suite(specs: list[zoo.ModelSpec], *, batch: int | None = None, threads: int = 2, rounds: int = 10,
               time_budget_s: float = 60.0, inductor: bool = True, progress: bool = True,
-              on_result=None, options: dict | None = None) -> list[ModelResult]:
+              on_result=None, options: dict | None = None, train: bool = False) -> list[ModelResult]:
+    """Every model of ``specs`` through ``run_model`` (or, with ``train``, ``train.run_train_model``)."""
+    from .train import run_train_model
+
+    run = run_train_model if train else run_model
     torch.set_num_threads(threads)
     try:
         from tqdm import tqdm
@@ -147,7 +151,7 @@ def run_suite(specs: list[zoo.ModelSpec], *, batch: int | None = None, threads: 
         if bar:
             bar.set_description(spec.name)
         try:
-            r = run_model(spec, batch=batch, threads=threads, rounds=rounds, time_budget_s=time_budget_s,
+            r = run(spec, batch=batch, threads=threads, rounds=rounds, time_budget_s=time_budget_s,
                           inductor=inductor, options=options)
         except Exception as e:  # never stop the suite
             r = ModelResult(spec.suite, spec.name, batch or spec.batch, status="fail_compile",

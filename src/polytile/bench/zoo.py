@@ -69,7 +69,14 @@ def _t5_small_config():
                                  decoder_start_token_id=0)
 
 
-def _hf(spec: ModelSpec, batch: int, gen: torch.Generator) -> Workload:
+def _no_dropout(config) -> None:
+    """Every dropout probability of a Hugging Face config set to 0 (training comparisons)."""
+    for k, v in vars(config).items():
+        if "dropout" in k and isinstance(v, float):
+            setattr(config, k, 0.0)
+
+
+def _hf(spec: ModelSpec, batch: int, gen: torch.Generator, dropout: bool = True) -> Workload:
     import transformers
 
     if spec.name == "T5Small":
@@ -82,6 +89,8 @@ def _hf(spec: ModelSpec, batch: int, gen: torch.Generator) -> Workload:
         config.is_decoder = True
     if hasattr(config, "use_cache"):
         config.use_cache = False  # inference without a KV cache object among the outputs
+    if not dropout:
+        _no_dropout(config)
     model = cls(config).eval()
     vocab = getattr(config, "vocab_size", 30000)
     ids = torch.randint(0, vocab, (batch, SEQ_LEN), generator=gen)
@@ -100,12 +109,20 @@ def _timm(spec: ModelSpec, batch: int, gen: torch.Generator) -> Workload:
     return Workload(spec, model, (x,), {})
 
 
-def build(spec: ModelSpec, batch: int | None = None, seed: int = 0) -> Workload:
+def build(spec: ModelSpec, batch: int | None = None, seed: int = 0, dropout: bool = True) -> Workload:
+    """The model (in eval mode) and its inputs; ``dropout=False``: every dropout probability 0
+    (so that a model in train mode is deterministic)."""
     torch.manual_seed(seed)
     gen = torch.Generator().manual_seed(seed)
     b = batch or spec.batch
     if spec.suite == "huggingface":
-        return _hf(spec, b, gen)
-    if spec.suite == "timm":
-        return _timm(spec, b, gen)
-    raise ValueError(f"unknown suite {spec.suite!r}")
+        w = _hf(spec, b, gen, dropout)
+    elif spec.suite == "timm":
+        w = _timm(spec, b, gen)
+    else:
+        raise ValueError(f"unknown suite {spec.suite!r}")
+    if not dropout:
+        for m in w.model.modules():
+            if isinstance(m, torch.nn.Dropout):
+                m.p = 0.0
+    return w
