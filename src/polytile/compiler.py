@@ -16,6 +16,7 @@ from .graph.attention import fuse_attention
 from .graph.builder import contiguous_strides
 from .graph.ir import Graph, format_graph, verify_graph
 from .options import Options
+from .runtime.cache import discard
 from .runtime.cc import build_shared_object
 from .runtime.loader import NativeGraph, TensorSpec
 from .runtime.memory_plan import plan_memory
@@ -64,9 +65,19 @@ def compile_graph_ir(graph: Graph, input_specs: list[TensorSpec], options: Optio
     outs = [TensorSpec(n.shape, contiguous_strides(n.shape), n.dtype) for n in graph.outputs]
     cached_reads = {b for k in prog.kernels if k.cached for b in buffers_used(k)[0]}
     cached_inputs = tuple(sorted(b.index for b in prog.buffers if b.kind == "input" and b.name in cached_reads))
-    ng = NativeGraph(so, input_specs, outs, plan.arena_bytes, options.threads, name=name,
-                     input_labels=input_labels, reuse_outputs=options.reuse_outputs,
-                     cache_bytes=plan.cache_bytes, cached_inputs=cached_inputs)
+    def load(path):
+        return NativeGraph(path, input_specs, outs, plan.arena_bytes, options.threads, name=name,
+                           input_labels=input_labels, reuse_outputs=options.reuse_outputs,
+                           cache_bytes=plan.cache_bytes, cached_inputs=cached_inputs)
+
+    try:
+        ng = load(so)
+    except OSError:  # a cached object that does not load: built again, once
+        if not hit:
+            raise
+        discard(so)
+        so, _ = build_shared_object(srcs, options)
+        ng = load(so)
     ng.memory_plan = plan
     ng.num_kernels = len(prog.kernels)
     if options.profile:

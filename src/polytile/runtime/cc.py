@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 import subprocess
 import tempfile
@@ -77,19 +78,19 @@ def build_shared_object(sources: list[str], options: Options) -> tuple[str, bool
     vm_cflags, vm_libs = vector_math(options.cc, cflags)
     flags = cflags + wide_vectors(cflags) + BASE_FLAGS + vm_cflags
     k = cache.key(*sources, " ".join(flags), compiler_version(options.cc), __version__, _cpu_signature())
-    d = cache.ensure_private_dir(options.cache_dir)
+    d = cache.usable_dir(options.cache_dir)
     so = os.path.join(d, f"{k}.so")
-    if os.path.exists(so):
+    if cache.intact(so):
         return so, True
     with tempfile.TemporaryDirectory(dir=d, prefix=".build-") as tmp:
         procs, objs = [], []
         for i, src in enumerate(sources):
-            path = os.path.join(tmp, f"unit{i}.c")
-            with open(path, "w") as f:
+            with open(os.path.join(tmp, f"unit{i}.c"), "w") as f:
                 f.write(src)
-            obj = os.path.join(tmp, f"unit{i}.o")
-            objs.append(obj)
-            procs.append(subprocess.Popen([options.cc, *flags, "-c", path, "-o", obj],
+            objs.append(f"unit{i}.o")
+            # relative names in the build folder: the object names no temporary path, so that
+            # two processes building the same graph write the same bytes
+            procs.append(subprocess.Popen([options.cc, *flags, "-c", f"unit{i}.c", "-o", objs[-1]], cwd=tmp,
                                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
         errors = []
         for pr in procs:
@@ -99,11 +100,15 @@ def build_shared_object(sources: list[str], options: Options) -> tuple[str, bool
         if errors:
             raise CompileError(f"{options.cc} failed:\n{errors[0][-4000:]}")
         out = os.path.join(tmp, "kernel.so")
-        r = subprocess.run([options.cc, *flags, *objs, "-o", out, *vm_libs, "-lm"], capture_output=True, text=True)
+        r = subprocess.run([options.cc, *flags, *objs, "-o", "kernel.so", *vm_libs, "-lm"], cwd=tmp,
+                           capture_output=True, text=True)
         if r.returncode != 0:
             raise CompileError(f"{options.cc} (link) failed:\n{r.stderr[-4000:]}")
         with open(out, "rb") as f:
-            cache.atomic_write_bytes(so, f.read())
-        # keep the source next to the object for inspection
+            data = f.read()
+        # the source next to the object for inspection, the object, then its digest: an entry
+        # is used only once the digest (written last, atomically) matches the object
         cache.atomic_write_bytes(os.path.join(d, f"{k}.c"), "".join(sources).encode())
+        cache.atomic_write_bytes(so, data)
+        cache.atomic_write_bytes(cache.checksum_path(so), hashlib.sha256(data).hexdigest().encode())
     return so, False

@@ -93,6 +93,18 @@ def _warn_once(target, err) -> None:
     log.warning(msg)
 
 
+def _warn_failed(name: str, n_ops: int, e: Exception) -> None:
+    """One warning per cause (a missing compiler fails every graph the same way); the
+    graphs after the first are logged at debug level."""
+    cause = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+    msg = f"polytile: compiling {name} failed, running its {n_ops} ops in ATen: {e}"
+    if cause in _warned:
+        log.debug(msg)
+        return
+    _warned.add(cause)
+    log.warning(msg + " (further graphs failing this way are logged at debug level)")
+
+
 def compile_aten_graph(gm: fx.GraphModule, example_inputs, options: Options, params: frozenset[int] = frozenset()):
     """Compile an ATen FX graph; returns ``f(*args) -> list`` of its outputs. ``params``: the
     positions of the inputs that are parameters or buffers (see ``TensorSpec.static``)."""
@@ -193,7 +205,7 @@ def compile_aten_graph(gm: fx.GraphModule, example_inputs, options: Options, par
         except Exception as e:
             if not options.fallback:
                 raise
-            log.warning("polytile: compiling %s failed, running its %d ops in ATen: %s", name, len(st.nodes), e)
+            _warn_failed(name, len(st.nodes), e)
             stats.bump("graphs_failed")
             for n in st.nodes:
                 if n.target is not operator.getitem:
