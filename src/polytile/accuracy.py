@@ -125,6 +125,11 @@ def _compare_tensor(res: Any, ref: torch.Tensor, fp64: Callable[[], Any], tol: f
         details.append(f"{path}: shape {list(res.shape)} vs eager {list(ref.shape)}")
         return False
     res, ref = res.detach(), ref.detach()
+    if ref.layout != res.layout:
+        details.append(f"{path}: layout {res.layout} vs eager {ref.layout}")
+        return False
+    if ref.layout != torch.strided:  # sparse results: their values, densely
+        res, ref = res.to_dense(), ref.to_dense()
     if not (ref.is_floating_point() or ref.is_complex()):
         if torch.equal(res, ref):
             return True
@@ -132,7 +137,7 @@ def _compare_tensor(res: Any, ref: torch.Tensor, fp64: Callable[[], Any], tol: f
         details.append(f"{path}: {bad} of {ref.numel()} elements differ (exact match required for {ref.dtype})")
         return False
     if ref.is_complex():
-        res, ref = torch.view_as_real(res), torch.view_as_real(ref)
+        res, ref = torch.view_as_real(res.resolve_conj()), torch.view_as_real(ref.resolve_conj())
     if not _special_values_match(res, ref, path, details):
         return False
     finite = torch.isfinite(ref)
@@ -143,8 +148,10 @@ def _compare_tensor(res: Any, ref: torch.Tensor, fp64: Callable[[], Any], tol: f
     if not isinstance(ref64, torch.Tensor):
         details.append(f"{path}: not allclose (max abs diff {maxdiff:.3g}, tol {tol}) and no fp64 reference")
         return False
+    if ref64.layout != torch.strided:
+        ref64 = ref64.to_dense()
     if ref64.is_complex():
-        ref64 = torch.view_as_real(ref64)
+        ref64 = torch.view_as_real(ref64.resolve_conj())
     if ref64.shape != ref.shape:
         details.append(f"{path}: fp64 reference has shape {list(ref64.shape)}")
         return False

@@ -16,7 +16,7 @@ def reset_stats() -> None:
                          kernels_generated=0, cache_hits=0, cache_misses=0, graphs_failed=0,
                          compile_seconds=0.0, intermediate_bytes=0, arena_bytes=0, attention_fused=0,
                          cached_kernels=0, cache_bytes=0, cache_refreshes=0,
-                         input_relayouts=0, eager_runs=0)
+                         input_relayouts=0, eager_runs=0, isl_gave_up=0)
 
 
 def bump(key: str, n: int | float = 1) -> None:
@@ -42,7 +42,8 @@ def stats() -> dict:
     per change of the parameters they read), input_relayouts (inputs whose strides differed from
     the compiled ones, copied into the compiled layout), eager_runs (calls of a compiled graph or
     segment run through ATen instead: an input layout no copy could repair, or a failed kernel
-    build at first call).
+    build at first call), isl_gave_up (dependence or slice queries that exceeded their budget
+    and were answered conservatively: a nest left unfused or sequential).
     """
     with _lock:
         d = copy.deepcopy(_counters)

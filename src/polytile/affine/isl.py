@@ -1,14 +1,52 @@
 """The only islpy glue: affine expressions, iteration domains and access relations as isl objects."""
 from __future__ import annotations
 
+import functools
+import logging
 from dataclasses import dataclass
 from functools import lru_cache
 
 import islpy as isl
 
+from .. import counters
+
 from .ir import INDEX, lanes, Alloc, Const, Expr, For, If, Load, Op, Stmt, Store, Var, stmt_exprs, walk_exprs
 
 _CMP = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "="}
+
+# isl's own operation count allowed to one query (a dependence test, a slice): sets with many
+# floor divisions (views that split and merge dims, as window-attention reshapes) can make a
+# query take minutes; past the budget the query answers conservatively (a dependence, no slice)
+# and the nest stays as it is. Queries of the dev models need well under a tenth of it.
+MAX_OPERATIONS = 2_000_000
+log = logging.getLogger("polytile")
+_warned = [False]
+
+
+def bounded(conservative):
+    """Run an isl query within ``MAX_OPERATIONS``; past it, return ``conservative``."""
+    def deco(fn):
+        @functools.wraps(fn)
+        def run(*args):
+            ctx = isl.DEFAULT_CONTEXT
+            ctx.set_max_operations(MAX_OPERATIONS)
+            ctx.reset_operations()
+            try:
+                return fn(*args)
+            except isl.Error as e:
+                if "maximal number of operations" not in str(e):
+                    raise
+                counters.bump("isl_gave_up")
+                if not _warned[0]:
+                    _warned[0] = True
+                    log.warning("polytile: an isl query (%s) exceeded its budget; the nest it was asked "
+                                "for is left unfused or sequential (polytile.stats()['isl_gave_up'] counts "
+                                "such queries)", fn.__name__)
+                return conservative
+            finally:
+                ctx.set_max_operations(0)
+        return run
+    return deco
 
 
 def aff(e: Expr) -> str | None:
@@ -124,6 +162,7 @@ def relation(a: Access, keep: int) -> isl.Map:
     return isl.Map(f"{{ [{', '.join(outer)}] -> [o] : {body} }}")
 
 
+@bounded(True)
 def carried_dependence(accs: list[Access], depth: int) -> bool:
     """Whether two different iterations of loop ``depth`` (same outer iterations) touch the same
     element where at least one of them writes it."""
@@ -164,6 +203,7 @@ def iteration_map(a: Access) -> isl.Map:
 
 
 @lru_cache(maxsize=16384)
+@bounded(None)
 def point_slice(read: Access, write: Access) -> tuple[Expr, ...] | None:
     """The slice of a producer needed by one consumer iteration, when it is a single point:
     for each producer loop variable, a quasi-affine expression of the consumer's loop
@@ -180,11 +220,17 @@ def point_slice(read: Access, write: Access) -> tuple[Expr, ...] | None:
 
 
 @lru_cache(maxsize=16384)
+@bounded(None)
 def point_slice_map(write: Access, read: Access) -> tuple[Expr, ...] | None:
     """The consumer iteration that reads what one producer iteration writes (store-site
     fusion of an epilogue), when that is a bijection between the producer's writes and the
     consumer's iterations: for each consumer loop variable, an expression of the producer's."""
     if read.index is None or write.index is None:
+        return None
+    if _has_divs(read.index) or _has_divs(write.index):
+        # inverting an index with floor divisions (a view that splits and merges dims, as a
+        # window partition) makes isl enumerate cases: seconds to minutes a query, and none of
+        # the dev models' queries of that kind had a bijection to find
         return None
     rd, wr = iteration_map(read), iteration_map(write)
     m = wr.apply_range(rd.reverse())  # producer iteration -> consumer iteration
@@ -194,6 +240,11 @@ def point_slice_map(write: Access, read: Access) -> tuple[Expr, ...] | None:
     if not (m.domain().is_equal(wr.domain()) and m.range().is_equal(rd.domain())):
         return None
     return _pma_exprs(isl.PwMultiAff.from_map(m), write.ivs)
+
+
+@bounded(False)
+def _has_divs(index: str) -> bool:
+    return "floor(" in index or " mod " in index
 
 
 def outer_deps_equal(accs_p: list[Access], accs_c: list[Access], depth: int) -> bool:

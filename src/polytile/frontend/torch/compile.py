@@ -279,12 +279,8 @@ def _warn_eager(what: str, err: Exception) -> None:
 
 def _make_runner(gm, steps, placeholders, out_node, consts):
     """``consts``: the graph's static scalars (sizes of its tensors), known at compile time."""
-    def load(env, a):
-        if isinstance(a, fx.Node):
-            return env[a]
-        if isinstance(a, (list, tuple)):
-            return type(a)(load(env, x) for x in a)
-        return a
+    def load(env, a):  # an op's arguments as eager gives them: nodes replaced inside any structure
+        return fx.node.map_arg(a, env.__getitem__)
 
     def unpack(outs, m):
         if isinstance(m, int):
