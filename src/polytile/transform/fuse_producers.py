@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..affine.ir import Kernel, Load, Program, lanes
+from ..dtypes import ITEMSIZE
 from . import fusion_cost
 from .fusion_util import Context, Uses, finish, join_origin, loads_of, perfect_store, rewrite_loads, subst_vars
 from ..affine import isl as pisl
@@ -25,6 +26,7 @@ class _NoSlice(Exception):
 def fuse_producers(p: Program) -> Program:
     sizes = {b.name: b.size for b in p.buffers}
     kinds = {b.name: b.kind for b in p.buffers}
+    large = {b.name for b in p.buffers if b.kind == "temp" and b.size * ITEMSIZE[b.dtype] >= fusion_cost.LARGE_BYTES}
     kernels: list[Kernel | None] = list(p.kernels)
     uses = Uses(kernels)
     for ki in range(len(kernels) - 1, -1, -1):  # last producer first: chains collapse into their end
@@ -71,6 +73,10 @@ def fuse_producers(p: Program) -> Program:
             continue
         if not fusion_cost.inline_pays(st.value, reads / max(1, sizes[t]),
                                        into_contraction=any(kernels[ci].contraction for ci in consumers)):
+            continue
+        big_in = [max(uses.readers.get(b, {ki}) - {ki}, default=ki) for b in loads_of(st.value) & large]
+        if big_in and fusion_cost.keeps_alive(big_in, ki, max(consumers),
+                                              [w for b in large for w in uses.writers.get(b, ())]):
             continue
         for ci, nk in new.items():
             uses.set(ci, nk)

@@ -30,6 +30,20 @@ LOCAL_BYTES = 64 * 1024
 largest per-iteration working set of a buffer passed between fused nests (L2 friendly)."""
 
 
+LARGE_BYTES = 16 * 1024 * 1024
+"""A temporary this large is not kept alive longer by recomputation: a producer whose inputs
+include such a buffer is not moved into a consumer that runs after other kernels writing such
+buffers (a gradient summed over shared layers, add(add(g1, g2), g3)..., would otherwise keep
+every g alive until the last add: 9 GB for ALBERT-xxlarge's backward graph)."""
+
+
+def keeps_alive(big_inputs_last: list[int], producer: int, consumer: int, big_writers: list[int]) -> bool:
+    """Whether moving a producer (kernel ``producer``) to ``consumer`` keeps one of its large
+    inputs, whose last reads are at ``big_inputs_last``, alive across a kernel that writes a
+    large temporary (positions ``big_writers``)."""
+    return any(last < consumer and any(last < w < consumer for w in big_writers) for last in big_inputs_last)
+
+
 def expr_cost(e: Expr) -> int:
     n = 0
     for x in walk_exprs(e):

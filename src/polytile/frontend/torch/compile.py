@@ -21,7 +21,7 @@ from ...dump import dumper_for, next_graph_name
 from ...graph.builder import GraphBuilder, contiguous_strides
 from ...graph.ir import Node
 from ...options import Options
-from ...runtime.loader import LayoutMismatchError, TensorSpec
+from ...runtime.loader import LayoutMismatchError, TensorSpec, _same_strides
 from .registry import LOWERINGS, Ctx, ensure_loaded
 
 log = logging.getLogger("polytile")
@@ -239,6 +239,13 @@ def _finish_segment(seg: Segment, options: Options, name: str, dumper, placehold
     outputs: list[Node] = []
 
     def export(v, val):
+        if isinstance(v, Node) and (v.op == "input" or (v.op == "view" and v.inputs[0].op == "input")):
+            # a view of an input leaves as a view of the caller's tensor, as in eager (a saved
+            # transposed weight is not copied once per layer that saves it)
+            _, shape, strides, off = b.strided(v)
+            if all(st >= 0 for st in strides):
+                return ("alias", v.attr("index") if v.op == "input" else v.inputs[0].attr("index"),
+                        tuple(shape), tuple(strides), off)
         if isinstance(v, Node):
             # an output leaves with the strides of eager's result (AOTAutograd compiled the
             # backward graph, and dynamo the code after the graph, for those): it is written in
@@ -282,24 +289,33 @@ def _make_runner(gm, steps, placeholders, out_node, consts):
     def load(env, a):  # an op's arguments as eager gives them: nodes replaced inside any structure
         return fx.node.map_arg(a, env.__getitem__)
 
-    def unpack(outs, m):
+    def unpack(outs, m, ins, specs):
+        """A segment's output from its native outputs (``outs``) and inputs (``ins``, compiled
+        for ``specs``) by its out_map entry ``m``."""
         if isinstance(m, int):
             return outs[m]
         kind, *v = m
         if kind == "permute":
             return outs[v[0]].permute(v[1])
-        return tuple(unpack(outs, x) for x in v[0]) if kind == "tuple" else v[0]
+        if kind == "alias":
+            k, shape, strides, offset = v
+            t = ins[k]
+            if not _same_strides(t, specs[k]):  # read in another layout: a view of its values
+                t = torch.empty_strided(t.shape, specs[k].strides, dtype=t.dtype).copy_(t)
+            return t.as_strided(shape, strides, t.storage_offset() + offset)
+        return tuple(unpack(outs, x, ins, specs) for x in v[0]) if kind == "tuple" else v[0]
 
     def run_segment(seg, env):
+        ins = [env[i] for i in seg.inputs]
         try:
-            outs = seg.native(*[env[i] for i in seg.inputs])
+            outs = seg.native(*ins)
         except LayoutMismatchError as e:  # an input laid out as no compiled kernel reads it
             _warn_eager(f"segment {seg.native.name}", e)
             for n in seg.nodes:
                 env[n] = n.target(*load(env, n.args), **load(env, n.kwargs))
             return
         for n, m in zip(seg.out_nodes, seg.out_map):
-            env[n] = unpack(outs, m)
+            env[n] = unpack(outs, m, ins, seg.specs)
 
     segs = [s for s in steps if isinstance(s, Segment)]
     nargs = len(placeholders)
@@ -312,20 +328,24 @@ def _make_runner(gm, steps, placeholders, out_node, consts):
         in_pos = [placeholders.index(i) for i in seg.inputs]
         out_maps = [seg.out_map[seg.out_nodes.index(o)] for o in outs_spec]
         native = seg.native
-        direct = in_pos == list(range(nargs)) and out_maps == list(range(len(seg.out_nodes)))
+        direct_in = in_pos == list(range(nargs))
+        direct = direct_in and out_maps == list(range(len(seg.out_nodes)))
         plain = all(isinstance(m, int) for m in out_maps)
 
         def run_one(*args):
             if len(args) != nargs:
                 _arg_count_error(nargs, args)
             try:
-                outs = native(*args) if direct else native(*[args[k] for k in in_pos])
+                outs = native(*args) if direct_in else native(*[args[k] for k in in_pos])
             except LayoutMismatchError as e:
                 _warn_eager(f"graph {native.name}", e)
                 return list(gm(*args))
             if direct:  # inputs and outputs in the graph's order: no reshuffling
                 return outs
-            return [outs[m] for m in out_maps] if plain else [unpack(outs, m) for m in out_maps]
+            if plain:
+                return [outs[m] for m in out_maps]
+            ins = args if direct_in else [args[k] for k in in_pos]
+            return [unpack(outs, m, ins, seg.specs) for m in out_maps]
 
         def run_boxed(args):
             return run_one(*args)
