@@ -51,6 +51,11 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--long", action="store_true", help="add a 4096-token causal config (memory row)")
     t.add_argument("--configs", default=None, help="default: ../shared/bench/attention_configs.csv")
     t.add_argument("--out", default=None, help="also write report.md, results.json and speedup.png here")
+    cv = b.add_parser("coverage", help="PyTorch 2's benchmark model lists (HF, TIMM, TorchBench): pass / fallback / "
+                      "crash per model, each in its own process")
+    from .bench.coverage import add_arguments as _coverage_arguments
+
+    _coverage_arguments(cv)
     j = b.add_parser("jax", help="MLP, CNN and transformer block in JAX: polytile.jax.jit vs jax.jit (XLA)")
     j.add_argument("--threads", type=int, default=2)
     j.add_argument("--rounds", type=int, default=20)
@@ -63,6 +68,8 @@ def main(argv: list[str] | None = None) -> int:
         return jaxmodels.main(["--threads", str(a.threads), "--rounds", str(a.rounds)]
                               + [f"--only={m}" for m in a.only] + (["--out", a.out] if a.out else []),
                               command="polytile " + " ".join(argv if argv is not None else sys.argv[1:]))
+    if a.cmd == "bench" and a.what == "coverage":
+        return _bench_coverage(a, argv)
     if a.cmd == "bench" and a.what == "attention":
         return _bench_attention(a, argv)
     if a.cmd == "bench" and a.what == "contractions":
@@ -115,6 +122,12 @@ def _bench_models(a, argv) -> int:
     for k, v in paths.items():
         print(f"{k}: {v}")
     return 0
+
+
+def _bench_coverage(a, argv) -> int:
+    from .bench import coverage
+
+    return coverage.main_args(a, "polytile " + " ".join(argv if argv is not None else sys.argv[1:]))
 
 
 def _bench_contractions(a, argv) -> int:
