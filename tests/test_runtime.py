@@ -568,3 +568,31 @@ def test_concurrent_calls_from_threads():
     for t in threads:
         t.join()
     assert not bad
+
+
+def test_views_of_inputs_leave_as_views():
+    """A graph output that is a view of an input is that view of the caller's tensor (eager
+    returns an alias; a saved transposed weight must not be copied per use)."""
+    def f(x, y):
+        return (x.t(), x[1:, ::2], x, y + 1)
+
+    x, y = torch.randn(6, 8), torch.randn(3)
+    g = compile_fn(f, x, y)
+    outs, ref = g(x, y), f(x, y)
+    for o, r in zip(outs[:3], ref[:3]):
+        assert o.data_ptr() == r.data_ptr() and o.stride() == r.stride() and torch.equal(o, r)
+    torch.testing.assert_close(outs[3], ref[3])
+
+
+def test_a_sum_of_large_temporaries_is_not_fused_into_its_end():
+    """add(add(add(g1, g2), g3), ...) of 16 MiB temporaries: recomputing the sums in the last
+    kernel would keep every g alive at once (a gradient summed over shared layers)."""
+    def f(a, *b):
+        return ((a @ b[0]) + (a @ b[1]) + (a @ b[2]) + (a @ b[3]) + (a @ b[4]) + (a @ b[5]),)
+
+    a = torch.randn(64, 2)
+    bs = [torch.randn(2, 65536) for _ in range(6)]
+    g = compile_fn(f, a, *bs)
+    torch.testing.assert_close(g(a, *bs)[0], f(a, *bs)[0], atol=1e-4, rtol=1e-4)
+    big = 64 * 65536 * 4
+    assert _natives(g)[0].memory_plan.arena_bytes <= 3 * big, _natives(g)[0].memory_plan.arena_bytes
