@@ -586,6 +586,14 @@ SHAPES = [
     ("tril-int", lambda x: x.tril(), lambda: (ints(-9, 9, 5, 5),)),
     ("as_strided", lambda x: x.as_strided((3, 4), (1, 3), 2) * 2, lambda: (randn(20),)),
     ("view-int-bool", lambda i, b: (i.view(13, 7) + 1, b.reshape(-1).logical_not()), lambda: (ints(-9, 9, 7, 13), bools(7, 13))),
+    ("flip", lambda x: (torch.flip(x, (0, 2)) * 2, torch.flip(x[0].t(), (1,)) + 1), lambda: (randn(3, 4, 5),)),
+    ("unfold", lambda x: (x.unfold(1, 3, 2).sum(-1), x.unfold(2, 2, 2) * 1), lambda: (randn(2, 9, 4),)),
+    ("slice_scatter", lambda x, s, t: (torch.slice_scatter(x, s, 1, 2, 5), torch.slice_scatter(x.t(), t, 0, 1, 7, 2)),
+     lambda: (randn(8, 7), randn(8, 3), randn(3, 8))),
+    ("masked-put", lambda x, m, n: (torch.index_put(x, (m,), torch.tensor(-1.5)),
+                                    torch.index_put(x, (n,), torch.tensor(2.0), accumulate=True)),
+     lambda: (randn(4, 3), bools(4), bools(4, 3))),
+    ("cumprod-special", lambda x: (torch.cumprod(x, 1), torch.cumsum(x, 1)), lambda: (special(3, 9),)),
 ]
 for _name, _fn, _gen in SHAPES:
     case(_name, _fn, _gen)

@@ -239,6 +239,11 @@ def to_copy(ctx, x, dtype=None, layout=None, device=None, pin_memory=None, non_b
     return ctx.b.cast(x, ctx.out_dtype)
 
 
+@lowers(torch.ops.prims.convert_element_type.default)
+def convert_element_type(ctx, x, dtype):
+    return ctx.b.cast(x, ctx.out_dtype)
+
+
 @lowers(aten.clone.default, aten.alias.default, aten.detach.default, aten.lift_fresh_copy.default,
         aten.contiguous.default if hasattr(aten, "contiguous") else aten.clone.default)
 def identity(ctx, x, memory_format=None):

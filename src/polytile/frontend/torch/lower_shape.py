@@ -161,6 +161,8 @@ def index_put(ctx, x, indices, values, accumulate=False):
     """x with x[..., i0, ..., i1, ...] set to values (accumulate: increased by them)."""
     b = ctx.b
     given = [(k, i) for k, i in enumerate(indices) if i is not None]
+    if len(given) == 1 and isinstance(given[0][1], Node) and given[0][1].dtype == "bool":
+        return _masked_put(ctx, x, given[0], values, accumulate)
     if not given or any(not isinstance(i, Node) or i.dtype in ("bool", "uint8") for _, i in given):
         raise Unsupported("aten.index_put with a boolean (mask) index")
     if accumulate and x.dtype == "bool":
@@ -168,6 +170,57 @@ def index_put(ctx, x, indices, values, accumulate=False):
     values = b.cast(values, x.dtype) if isinstance(values, Node) else b.full(values, x.dtype)
     return b.node("index_put", [x, values] + [i for _, i in given], dims=tuple(k for k, _ in given),
                   accumulate=bool(accumulate), wrap=True)
+
+
+def _masked_put(ctx, x, given, values, accumulate):
+    """x[mask] = v (or += v) with one value for every selected element: a select, mask
+    broadcast over the dims after the ones it covers."""
+    b = ctx.b
+    k, mask = given
+    if not isinstance(values, Node) or values.numel != 1:
+        raise Unsupported("index_put with a boolean mask and more than one value (data-dependent shape)")
+    if tuple(mask.shape) != tuple(x.shape[k:k + len(mask.shape)]):
+        raise Unsupported("index_put with a boolean mask of another shape than the dims it covers")
+    m = b.reshape(mask, [1] * k + list(mask.shape) + [1] * (len(x.shape) - k - len(mask.shape)))
+    v = b.reshape(b.cast(values, x.dtype), [])
+    return b.where(m, b.ew("add", x, v) if accumulate else v, x)
+
+
+@lowers(aten.slice_scatter.default)
+def slice_scatter(ctx, x, src, dim=0, start=None, end=None, step=1):
+    """x with x[..., start:end:step, ...] = src: the untouched parts and src concatenated
+    (step 1), else an index_put along the dim."""
+    b = ctx.b
+    dim %= len(x.shape)
+    n = x.shape[dim]
+    start = 0 if start is None else (start + n if start < 0 else start)
+    end = n if end is None else min(n, end + n if end < 0 else end)
+    src = b.cast(src, x.dtype)
+    if step == 1:
+        parts = [b.slice(x, dim, 0, start), src, b.slice(x, dim, end, n)]
+        return b.materialize(b.concat([p for p in parts if p.shape[dim] > 0], dim))
+    r = len(x.shape)
+    idx = b.ew("add", b.ew("mul", b.iota(src.shape[dim], "int64"), step), start)
+    return b.node("index_put", [x, src, idx], dims=(dim,), accumulate=False, wrap=False)
+
+
+@lowers(aten.flip.default)
+def flip(ctx, x, dims):
+    return ctx.b.flip(x, dims)
+
+
+@lowers(aten.unfold.default)
+def unfold(ctx, x, dim, size, step):
+    """Windows of ``size`` every ``step`` along ``dim`` as a new last dim: a view."""
+    b = ctx.b
+    if not x.shape:
+        return b.reshape(x, [1])
+    _, xs, st, _ = b.strided(x)
+    dim %= len(xs)
+    shape, strides = list(xs), list(st)
+    shape[dim] = (xs[dim] - size) // step + 1
+    strides[dim] = st[dim] * step
+    return b._view(x, shape + [size], strides + [st[dim]])
 
 
 def _scatter(ctx, x, dim, index, src, accumulate):
