@@ -1,8 +1,13 @@
-"""Every test starts from a fresh dynamo cache, fresh polytile counters and a fixed seed."""
-import pytest
-import torch
+"""Every test starts from a fresh dynamo cache, fresh polytile counters and a fixed seed; the
+affine program is verified after every pass (Options.verify_passes)."""
+import os
 
-import polytile
+os.environ.setdefault("POLYTILE_VERIFY_PASSES", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+import polytile  # noqa: E402
 
 
 @pytest.fixture(autouse=True)

@@ -42,16 +42,22 @@ def compile_graph_ir(graph: Graph, input_specs: list[TensorSpec], options: Optio
             verify_graph(graph)
         if dumper:
             dumper.write("graph_fuse_attention.txt", format_graph(graph))
+    t1 = time.perf_counter()
+    stats.add_phase("graph passes", t1 - t0)
     prog = build(graph, resolve_target(options.target), options.threads)
     if options.cache_weights:
         prog = mark_static_inputs(prog, {k for k, s in enumerate(input_specs) if s.static})
+    stats.add_phase("affine build", time.perf_counter() - t1)
     if dumper:
         dumper.write("affine_build.mlir", format_program(prog))
     prog = run_pipeline(prog, options, (lambda p_name, p: dumper.write(f"affine_{p_name}.mlir", format_program(p)))
                         if dumper else None)
+    t2 = time.perf_counter()
     plan = plan_memory(prog)
     srcs = render(prog, plan.offsets, units=max(1, min(options.threads, os.cpu_count() or 1)),
                   profile=options.profile)
+    t3 = time.perf_counter()
+    stats.add_phase("memory plan and C rendering", t3 - t2)
     if dumper:
         dumper.write("kernel.c", UNIT_MARK.join(srcs))
     so, hit = build_shared_object(srcs, options)
@@ -65,6 +71,7 @@ def compile_graph_ir(graph: Graph, input_specs: list[TensorSpec], options: Optio
     outs = [TensorSpec(n.shape, contiguous_strides(n.shape), n.dtype) for n in graph.outputs]
     cached_reads = {b for k in prog.kernels if k.cached for b in buffers_used(k)[0]}
     cached_inputs = tuple(sorted(b.index for b in prog.buffers if b.kind == "input" and b.name in cached_reads))
+
     def load(path):
         return NativeGraph(path, input_specs, outs, plan.arena_bytes, options.threads, name=name,
                            input_labels=input_labels, reuse_outputs=options.reuse_outputs,
@@ -78,6 +85,7 @@ def compile_graph_ir(graph: Graph, input_specs: list[TensorSpec], options: Optio
         discard(so)
         so, _ = build_shared_object(srcs, options)
         ng = load(so)
+    stats.add_phase("C compile and load", time.perf_counter() - t3)
     ng.memory_plan = plan
     ng.num_kernels = len(prog.kernels)
     if options.profile:

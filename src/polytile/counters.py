@@ -16,12 +16,18 @@ def reset_stats() -> None:
                          kernels_generated=0, cache_hits=0, cache_misses=0, graphs_failed=0,
                          compile_seconds=0.0, intermediate_bytes=0, arena_bytes=0, attention_fused=0,
                          cached_kernels=0, cache_bytes=0, cache_refreshes=0,
-                         input_relayouts=0, eager_runs=0, isl_gave_up=0)
+                         input_relayouts=0, eager_runs=0, isl_gave_up=0,
+                         compile_phases=collections.Counter())
 
 
 def bump(key: str, n: int | float = 1) -> None:
     with _lock:
         _counters[key] += n
+
+
+def add_phase(name: str, seconds: float) -> None:
+    with _lock:
+        _counters["compile_phases"][name] += seconds
 
 
 def fell_back(op_name: str, n: int = 1) -> None:
@@ -43,11 +49,14 @@ def stats() -> dict:
     the compiled ones, copied into the compiled layout), eager_runs (calls of a compiled graph or
     segment run through ATen instead: an input layout no copy could repair, or a failed kernel
     build at first call), isl_gave_up (dependence or slice queries that exceeded their budget
-    and were answered conservatively: a nest left unfused or sequential).
+    and were answered conservatively: a nest left unfused or sequential), compile_phases
+    (seconds per compile phase: lowering, attention rewrite, affine build, each pass, render,
+    C compile and load, slowest first).
     """
     with _lock:
         d = copy.deepcopy(_counters)
     d["ops_fallen_back"] = dict(d["ops_fallen_back"])
+    d["compile_phases"] = {k: round(v, 3) for k, v in d["compile_phases"].most_common()}
     return d
 
 

@@ -49,7 +49,10 @@ class Options:
     """When an op has no lowering or a compile stage fails, run that part through ATen (with a
     warning). With False, such a failure raises instead."""
     verify: bool = True
-    """Run the IR verifiers after every pass."""
+    """Run the IR verifiers on the graph and on the affine program before and after the passes."""
+    verify_passes: bool = field(default_factory=lambda: os.environ.get("POLYTILE_VERIFY_PASSES", "") == "1")
+    """Also verify the affine program after every pass (``$POLYTILE_VERIFY_PASSES=1``; the test
+    suite sets it): finds the pass that broke an invariant, at about a third more compile time."""
     parallel_min_work: int = 16384
     """A nest with fewer scalar iterations than this runs on one thread."""
     fusion: bool = True

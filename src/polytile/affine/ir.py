@@ -245,8 +245,13 @@ def local_arrays(body: tuple[Stmt, ...]) -> dict[str, Alloc]:
     return {s.name: s for s in walk_stmts(body) if isinstance(s, Alloc)}
 
 
-def buffers_used(k: Kernel) -> tuple[set[str], set[str]]:
-    """(read, written) names of the program buffers a kernel uses (local arrays excluded)."""
+def buffers_used(k: Kernel) -> tuple[frozenset[str], frozenset[str]]:
+    """(read, written) names of the program buffers a kernel uses (local arrays excluded).
+    Kept on the (immutable) kernel after the first call: the fusion passes ask for every
+    kernel again after each change."""
+    done = k.__dict__.get("_buffers_used")
+    if done is not None:
+        return done
     reads, writes = set(), set()
     local = local_arrays(k.body)
     for s in walk_stmts(k.body):
@@ -256,7 +261,9 @@ def buffers_used(k: Kernel) -> tuple[set[str], set[str]]:
             for x in walk_exprs(e):
                 if isinstance(x, Load):
                     reads.add(x.buf)
-    return reads - set(local), writes - set(local)
+    done = (frozenset(reads - set(local)), frozenset(writes - set(local)))
+    object.__setattr__(k, "_buffers_used", done)
+    return done
 
 
 def is_affine(e: Expr, ivs: frozenset[str] | set[str]) -> bool:

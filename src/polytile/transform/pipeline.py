@@ -5,7 +5,10 @@ every pass is written there (see ``runtime.dump``).
 """
 from __future__ import annotations
 
+import time
 from typing import Callable
+
+from .. import counters
 
 from ..affine.ir import Program
 from ..affine.verify import verify_program
@@ -40,17 +43,24 @@ PASSES: list[Pass] = [
 
 
 def run_pipeline(p: Program, options: Options, dump: Callable[[str, Program], None] | None = None) -> Program:
+    """Every pass in order; the verifier checks the input and the result (``Options.verify``)
+    and, with ``Options.verify_passes``, the program after each pass. Seconds per pass go to
+    ``polytile.stats()["compile_phases"]``."""
     if options.verify:
         verify_program(p)
     for name, fn in PASSES:
+        t0 = time.perf_counter()
         try:
             p = fn(p, options)
         except Exception as e:
             raise PassError(name, e) from e
-        if options.verify:
+        counters.add_phase(name, time.perf_counter() - t0)
+        if options.verify and options.verify_passes:
             verify_program(p)
         if dump:
             dump(name, p)
+    if options.verify and not options.verify_passes:
+        verify_program(p)
     return p
 
 

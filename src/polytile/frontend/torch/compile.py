@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import operator
+import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -108,6 +109,7 @@ def _warn_failed(name: str, n_ops: int, e: Exception) -> None:
 def compile_aten_graph(gm: fx.GraphModule, example_inputs, options: Options, params: frozenset[int] = frozenset()):
     """Compile an ATen FX graph; returns ``f(*args) -> list`` of its outputs. ``params``: the
     positions of the inputs that are parameters or buffers (see ``TensorSpec.static``)."""
+    t_start = time.perf_counter()
     ensure_loaded()
     name = next_graph_name()
     dumper = dumper_for(options.dump_dir, name)
@@ -185,6 +187,7 @@ def compile_aten_graph(gm: fx.GraphModule, example_inputs, options: Options, par
     if cur.nodes:
         steps.append(cur)
 
+    stats.add_phase("ATen lowering", time.perf_counter() - t_start)
     # which values leave each segment
     for seg in [s for s in steps if isinstance(s, Segment)]:
         seg_set = set(seg.nodes)

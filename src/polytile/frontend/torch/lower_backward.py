@@ -136,7 +136,9 @@ def sdpa_flash_cpu_backward(ctx, go, q, k, v, out, lse, dropout_p, is_causal, *,
     if q.shape[:-2] != k.shape[:-2] or k.shape[:-2] != v.shape[:-2]:
         raise Unsupported("attention gradient with broadcast heads")
     sc = scale if scale is not None else 1 / math.sqrt(q.shape[-1])
-    p = b.ew("exp", b.ew("sub", scores(b, q, k, attn_mask, is_causal, scale), b.unsqueeze(lse, -1)))
+    lse = b.unsqueeze(lse, -1)
+    p = b.ew("exp", b.ew("sub", scores(b, q, k, attn_mask, is_causal, scale), lse))
+    p = b.where(b.node("isinf", [lse]), 0.0, p)  # a row with every key masked: no gradient
     dv = b.matmul(b.transpose(p, -2, -1), go)
     dp = b.matmul(go, b.transpose(v, -2, -1))
     rows = b.reduce("reduce_sum", b.ew("mul", go, out), [-1], True)

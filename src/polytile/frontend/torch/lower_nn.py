@@ -150,11 +150,30 @@ def scores(b, q, k, mask=None, causal=False, scale=None):
     return s
 
 
-def _attention(b, q, k, v, mask=None, causal=False, scale=None):
-    """softmax(q k^T * scale + mask) v over [..., L, D] tensors; returns (out, probs, scores)."""
+def _attention(b, q, k, v, mask=None, causal=False, scale=None, safe=False):
+    """softmax(q k^T * scale + mask) v over [..., L, D] tensors; returns (out, probs, scores).
+    ``safe``: a row whose every key is masked gets zeros (SDPA's kernels), not NaN."""
     s = scores(b, q, k, mask, causal, scale)
     p = compose.softmax(b, s, -1)
+    if safe:  # where(not any(s != -inf), 0, p): the form graph.attention folds into its kernel
+        kept = b.reduce("reduce_max", b.node("logical_not", [b.ew("eq", s, float("-inf"))]), [-1], True)
+        p = b.where(b.node("logical_not", [kept]), 0.0, p)
     return b.matmul(p, v), p, s
+
+
+def repeat_kv_heads(b, q, kv):
+    """Grouped-query attention: each key/value head serves ``Hq / Hkv`` consecutive query heads
+    ([B, Hkv, S, D] -> [B, Hq, S, D], as eager's repeat_interleave)."""
+    if len(q.shape) < 3 or q.shape[-3] == kv.shape[-3]:
+        return kv
+    hq, hkv = q.shape[-3], kv.shape[-3]
+    if hkv == 1 or hq % hkv:
+        if hkv == 1:
+            return kv
+        raise Unsupported(f"attention with {hq} query heads and {hkv} key/value heads")
+    lead, (S, D) = list(kv.shape[:-3]), kv.shape[-2:]
+    x = b.expand(b.unsqueeze(kv, -3), lead + [hkv, hq // hkv, S, D])
+    return b.reshape(x, lead + [hq, S, D])
 
 
 @lowers(aten._scaled_dot_product_flash_attention_for_cpu.default)
@@ -165,7 +184,8 @@ def sdpa_flash_cpu(ctx, q, k, v, dropout_p=0.0, is_causal=False, *, attn_mask=No
     b = ctx.b
     if dropout_p:
         raise Unsupported("attention with dropout")
-    out, _, s = _attention(b, q, k, v, attn_mask, is_causal, scale)
+    k, v = repeat_kv_heads(b, q, k), repeat_kv_heads(b, q, v)
+    out, _, s = _attention(b, q, k, v, attn_mask, is_causal, scale, safe=True)
     m = b.reduce("reduce_max", s, [-1], True)
     m = b.where(b.node("isinf", [m]), 0.0, m)  # a row of -inf only: no inf - inf
     lse = b.ew("add", b.ew("log", b.reduce("reduce_sum", b.ew("exp", b.ew("sub", s, m)), [-1], True)), m)
