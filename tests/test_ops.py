@@ -711,6 +711,29 @@ _aten("batch_norm-inference", lambda x, w, b, m, v: (aten._native_batch_norm_leg
       lambda: (randn(2, 4, 5, 3), randn(4), randn(4), randn(4), torch.rand(4) + 0.5))
 
 
+_aten("gradients", lambda go, x, w, gp, q, k, v, o, lse, g1: (
+    aten.convolution_backward.default(go, x, w, [4], [2, 2], [1, 1], [1, 1], False, [0, 0], 1, [True, True, True]),
+    aten.avg_pool2d_backward.default(gp, x, [2, 2], [2, 2], [0, 0], False, True, None),
+    aten._adaptive_avg_pool2d_backward.default(gp, x),
+    aten._scaled_dot_product_flash_attention_for_cpu_backward.default(g1, q, k, v, o, lse, 0.0, True)),
+      lambda: (randn(2, 4, 4, 4), randn(2, 3, 8, 8), randn(4, 3, 3, 3), randn(2, 3, 4, 4),
+               *_flash_make()))
+
+
+def _flash_make():
+    q, k, v = randn(1, 2, 5, 4), randn(1, 2, 5, 4), randn(1, 2, 5, 4)
+    o, lse = aten._scaled_dot_product_flash_attention_for_cpu.default(q, k, v, 0.0, True)[:2]
+    return q, k, v, o, lse, randn(1, 2, 5, 4)
+
+
+_aten("scatter", lambda x, i, s: (aten.scatter.src(x, 1, i, s), aten.scatter.value(x, 1, i, 2.5),
+                                  aten.scatter_add.default(x, 1, i, s)),
+      lambda: (randn(3, 7), ints(0, 7, 3, 4), randn(3, 5)))
+_aten("convert_element_type", lambda x: (torch.ops.prims.convert_element_type.default(x, torch.float64),
+                                         torch.ops.prims.convert_element_type.default(x, torch.int32)),
+      lambda: (wide(7, 13),))
+
+
 def _mha_make():  # x [B, L, E=8], 2 heads, and a key padding mask (True: ignore) that keeps key 0
     return (randn(2, 5, 8), randn(24, 8) * 0.3, randn(24), randn(8, 8) * 0.3, randn(8), (torch.rand(2, 5) > 0.5) & (torch.arange(5) > 0))
 

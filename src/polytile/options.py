@@ -37,14 +37,16 @@ class Options:
     """OpenMP thread count passed explicitly to every parallel loop."""
     cc: str = field(default_factory=lambda: os.environ.get("POLYTILE_CC") or os.environ.get("CC") or "gcc")
     """System C compiler."""
-    cflags: tuple[str, ...] = ("-O3", "-march=native", "-ffp-contract=fast", "-fno-trapping-math")
+    cflags: tuple[str, ...] = ("-O3", "-march=native", "-ffp-contract=off", "-fno-trapping-math")
     """Optimization flags for the C compiler (-fopenmp -shared -fPIC -fno-math-errno are always
-    added). They keep eager's IEEE semantics: NaN, infinities and signed zeros (sums are
+    added). They keep eager's IEEE semantics: NaN, infinities and signed zeros. Sums are
     reordered only inside reduction loops, which the generated code marks as OpenMP simd
-    reductions; fused multiply-adds round once, as eager's vectorized kernels do)."""
+    reductions; multiply-adds are fused (one rounding) only in contraction and attention
+    kernels, which the generated code marks, as eager's GEMM and convolution kernels do."""
     fast_math: bool = False
-    """Add ``-fassociative-math -fno-signed-zeros``: the C compiler may reorder any sum and
-    ignore the sign of zeros (``x * -0.0`` may give +0.0, ``1 / (x * -0.0)`` +inf)."""
+    """Add ``-fassociative-math -fno-signed-zeros -ffp-contract=fast``: the C compiler may
+    reorder any sum, ignore the sign of zeros (``x * -0.0`` may give +0.0, ``1 / (x * -0.0)``
+    +inf) and fuse any multiply-add (``x * x + y`` then no longer overflows where eager's does)."""
     fallback: bool = True
     """When an op has no lowering or a compile stage fails, run that part through ATen (with a
     warning). With False, such a failure raises instead."""

@@ -15,10 +15,22 @@ INDEX = "int64"
 
 
 # ---------------------------------------------------------------- scalar expressions
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Const:
     value: Any
     dtype: str
+
+    # equality by representation: -0.0 and 0.0 (equal as floats) are different constants
+    # (x / -0.0 is not x / 0.0), and NaN equals NaN (memos of kernels holding one still hit)
+    def _key(self):
+        v = self.value
+        return self.dtype, type(v), repr(v) if isinstance(v, float) else v
+
+    def __eq__(self, other):
+        return isinstance(other, Const) and self._key() == other._key()
+
+    def __hash__(self):
+        return hash(self._key())
 
 
 @dataclass(frozen=True)

@@ -69,7 +69,8 @@ static inline float pt_mod_f(float a, float b) { float r = fmodf(a, b); return (
 static inline double pt_mod_d(double a, double b) { double r = fmod(a, b); return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
 static inline float pt_erfinv_f(float y) {
   /* Newton iterations on erf from a rational first guess (Giles' approximation). */
-  if (y <= -1.0f) return -INFINITY; if (y >= 1.0f) return INFINITY;
+  if (y == -1.0f) return -INFINITY; if (y == 1.0f) return INFINITY;
+  if (!(y > -1.0f && y < 1.0f)) return NAN;  /* outside the domain, and NaN */
   double w = -log((1.0 - y) * (1.0 + y)), x;
   if (w < 5.0) { w -= 2.5; x = 2.81022636e-08; x = 3.43273939e-07 + x*w; x = -3.5233877e-06 + x*w; x = -4.39150654e-06 + x*w; x = 0.00021858087 + x*w; x = -0.00125372503 + x*w; x = -0.00417768164 + x*w; x = 0.246640727 + x*w; x = 1.50140941 + x*w; }
   else { w = sqrt(w) - 3.0; x = -0.000200214257; x = 0.000100950558 + x*w; x = 0.00134934322 + x*w; x = -0.00367342844 + x*w; x = 0.00573950773 + x*w; x = -0.0076224613 + x*w; x = 0.00943887047 + x*w; x = 1.00167406 + x*w; x = 2.83297682 + x*w; }
@@ -403,12 +404,17 @@ def render(p: Program, offsets: dict[str, int], entry: str = "pt_entry", units: 
         canon, order = canonicalize(k.body)
         _, writes = buffers_used(k)
         types = tuple((bufs[n].dtype, n in writes) for n in order)
-        key = (canon, types)
+        fma = k.contraction or k.origin.startswith("attention")
+        key = (canon, types, fma)
         fname = funcs.get(key)
         if fname is None:
             fname = funcs[key] = k.name
             params = ", ".join(f"{'' if w else 'const '}{CTYPE[dt]}* restrict b{i}" for i, (dt, w) in enumerate(types))
-            proto = (f"__attribute__((visibility(\"hidden\"))) void {fname}"
+            # contractions (and attention) multiply-add with one rounding, as eager's GEMM and
+            # convolution kernels do; everywhere else a * b + c rounds twice, as eager's
+            # separate elementwise kernels do (the C flags turn contraction off)
+            attrs = "visibility(\"hidden\")" + (", optimize(\"fp-contract=fast\")" if fma else "")
+            proto = (f"__attribute__(({attrs})) void {fname}"
                      f"(int pt_nthreads, int* pt_err{', ' if params else ''}{params})")
             bodies.append((proto, [f"/* {k.origin} */", proto + " {", *stmts(canon, 1), "}\n"]))
         call = f"{fname}(nthreads, &err{''.join(', ' + n for n in order)});"

@@ -12,7 +12,7 @@ from ..options import Options
 from . import cache
 
 BASE_FLAGS = ("-std=gnu11", "-fopenmp", "-shared", "-fPIC", "-fno-math-errno")
-FAST_MATH = ("-fassociative-math", "-fno-signed-zeros")  # Options.fast_math
+FAST_MATH = ("-fassociative-math", "-fno-signed-zeros", "-ffp-contract=fast")  # Options.fast_math
 
 
 class CompileError(RuntimeError):

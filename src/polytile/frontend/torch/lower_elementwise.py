@@ -161,7 +161,7 @@ def clamp_max(ctx, x, hi):
 
 @lowers(aten.hardtanh.default)
 def hardtanh(ctx, x, min_val=-1.0, max_val=1.0):
-    return compose.clamp(ctx.b, x, min_val, max_val)
+    return _clamp(ctx, x, min_val, max_val)
 
 
 @lowers(aten.gelu.default)
