@@ -18,8 +18,10 @@ _TRAINING_DECOMPOSITIONS = ("_native_batch_norm_legit_functional", "max_pool2d_w
 
 # core-ATen decompositions polytile does not take: torch's decomposition of the CPU flash
 # attention returns the probabilities where the backward op reads the logsumexp (right for
-# inference only); polytile lowers the op itself (lower_nn.sdpa_flash_cpu)
-_KEPT = (torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,)
+# inference only); polytile lowers the op itself (lower_nn.sdpa_flash_cpu). std's decomposition
+# rounds the variance to float32 before the square root, where eager's kernel does not.
+_KEPT = (torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default, torch.ops.aten.std.correction,
+         torch.ops.aten.std_mean.correction)
 
 
 @functools.lru_cache(maxsize=1)

@@ -77,24 +77,39 @@ def all_(ctx, x, dim=None, keepdim=False):
     return ctx.b.reduce("reduce_min", ctx.b.cast(x, "bool"), _dims(dim), keepdim)
 
 
+def _variance(ctx, x, dims, correction, keepdim, with_mean=False):
+    """Eager's CPU variance accumulates a float32 tensor's moments in float64 (squares of large
+    values stay finite): the same here, the results rounded back to the output dtype."""
+    b, dt = ctx.b, ctx.out_dtype
+    xw = b.cast(x, "float64") if dt == "float32" else x
+    v = b.cast(compose.var(b, xw, dims, 1 if correction is None else correction, keepdim), dt)
+    return (v, b.cast(compose.mean(b, xw, dims, keepdim), dt)) if with_mean else v
+
+
 @lowers(aten.var.correction, aten.var.dim)
 def var(ctx, x, dim=None, *args, correction=None, keepdim=False, unbiased=None):
     if ctx.node.target == aten.var.dim:
         unbiased = args[0] if args else (True if unbiased is None else unbiased)
         keepdim = args[1] if len(args) > 1 else keepdim
         correction = 1 if unbiased else 0
-    return compose.var(ctx.b, x, _dims(dim), 1 if correction is None else correction, keepdim)
+    return _variance(ctx, x, _dims(dim), correction, keepdim)
 
 
-@lowers(aten.std.correction)
+@lowers(aten.std.correction, aten.std_mean.correction)
 def std(ctx, x, dim=None, correction=None, keepdim=False):
-    return ctx.b.ew("sqrt", compose.var(ctx.b, x, _dims(dim), 1 if correction is None else correction, keepdim))
+    """The square root taken before rounding to float32, as in eager's kernel."""
+    b, dt = ctx.b, ctx.out_dtype
+    xw = b.cast(x, "float64") if dt == "float32" else x
+    d = _dims(dim)
+    s = b.cast(b.ew("sqrt", compose.var(b, xw, d, 1 if correction is None else correction, keepdim)), dt)
+    if ctx.node.target is aten.std_mean.correction:
+        return s, b.cast(compose.mean(b, xw, d, keepdim), dt)
+    return s
 
 
 @lowers(aten.var_mean.correction)
 def var_mean(ctx, x, dim=None, correction=None, keepdim=False):
-    d = _dims(dim)
-    return compose.var(ctx.b, x, d, 1 if correction is None else correction, keepdim), compose.mean(ctx.b, x, d, keepdim)
+    return _variance(ctx, x, _dims(dim), correction, keepdim, with_mean=True)
 
 
 @lowers(aten._softmax.default)
