@@ -726,6 +726,8 @@ def _flash_make():
     return q, k, v, o, lse, randn(1, 2, 5, 4)
 
 
+case("batch_norm-no-stats", lambda w: F.batch_norm(w.reshape(1, 8, -1), None, None, training=True, eps=1e-5).reshape_as(w),
+     lambda: (randn(8, 4, 3, 3),))  # NFNet's weight standardization
 _aten("scatter", lambda x, i, s: (aten.scatter.src(x, 1, i, s), aten.scatter.value(x, 1, i, 2.5),
                                   aten.scatter_add.default(x, 1, i, s)),
       lambda: (randn(3, 7), ints(0, 7, 3, 4), randn(3, 5)))

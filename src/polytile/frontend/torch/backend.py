@@ -12,8 +12,11 @@ from ...options import Options
 log = logging.getLogger("polytile")
 
 
-# training ops outside the core-ATen set whose torch decompositions use only lowered ops
-_TRAINING_DECOMPOSITIONS = ("_native_batch_norm_legit_functional", "max_pool2d_with_indices_backward")
+# ops outside the core-ATen set whose torch decompositions use only lowered ops: batch norm in
+# training mode (and without running statistics: weight standardization), max-pool gradients
+_EXTRA_DECOMPOSITIONS = (torch.ops.aten._native_batch_norm_legit_functional.default,
+                         torch.ops.aten._native_batch_norm_legit.no_stats,
+                         torch.ops.aten.max_pool2d_with_indices_backward.default)
 
 
 # core-ATen decompositions polytile does not take: torch's decomposition of the CPU flash
@@ -33,7 +36,7 @@ def decompositions():
     table = dict(core_aten_decompositions())
     for op in _KEPT:
         table.pop(op, None)
-    table.update(get_decompositions([getattr(torch.ops.aten, n) for n in _TRAINING_DECOMPOSITIONS]))
+    table.update(get_decompositions(list(_EXTRA_DECOMPOSITIONS)))
     return table
 
 
