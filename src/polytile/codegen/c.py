@@ -67,6 +67,7 @@ static inline int64_t pt_truncdiv_i(int64_t a, int64_t b) { return b == 0 ? 0 : 
 static inline int64_t pt_pow_i(int64_t a, int64_t e) { int64_t r = 1; if (e < 0) return a == 1 ? 1 : (a == -1 ? ((e & 1) ? -1 : 1) : 0); while (e) { if (e & 1) r *= a; a *= a; e >>= 1; } return r; }
 static inline float pt_mod_f(float a, float b) { float r = fmodf(a, b); return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
 static inline double pt_mod_d(double a, double b) { double r = fmod(a, b); return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
+static inline double pt_opaque_d(double x) { __asm__("" : "+x"(x)); return x; }
 static inline float pt_erfinv_f(float y) {
   /* Newton iterations on erf from a rational first guess (Giles' approximation). */
   if (y == -1.0f) return -INFINITY; if (y == 1.0f) return INFINITY;
@@ -286,7 +287,19 @@ def expr(e: Expr) -> str:
     tmpl = OPS.get(e.fn)
     if tmpl is None:
         raise NotImplementedError(f"C renderer has no template for scalar op {e.fn!r}")
-    return tmpl([expr(a) for a in e.args], e.dtype, e.args[0].dtype)
+    args = [expr(a) for a in e.args]
+    if e.fn in _COMPARES and any(_widened_float(a) for a in e.args):
+        # gcc 12's vectorizer (AVX-512VL) folds x != (double)(float)x to false: the widened
+        # operand goes through an empty asm, which it cannot see through (nor vectorize)
+        args = [f"pt_opaque_d({x})" if _widened_float(a) else x for a, x in zip(e.args, args)]
+    return tmpl(args, e.dtype, e.args[0].dtype)
+
+
+_COMPARES = ("eq", "ne", "lt", "le", "gt", "ge")
+
+
+def _widened_float(e: Expr) -> bool:
+    return isinstance(e, Op) and e.fn == "cast" and e.dtype == "float64" and e.args[0].dtype == "float32"
 
 
 def _minmax_reduction(f: For):
