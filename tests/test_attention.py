@@ -274,7 +274,7 @@ def _prelude_lib(tmp_path, body: str):
     import ctypes
     import subprocess
 
-    from polytile.codegen.c import PRELUDE
+    from polytile.codegen.c import FMA_ATTRIBUTE, PRELUDE
     from polytile.options import Options
 
     src = tmp_path / "t.c"
@@ -342,7 +342,7 @@ def test_register_tile_vectors_stay_in_registers(tmp_path):
     import re
     import subprocess
 
-    from polytile.codegen.c import PRELUDE
+    from polytile.codegen.c import FMA_ATTRIBUTE, PRELUDE
     from polytile.options import Options
 
     _run(_sdpa(False), _qkv(1, 2, 2, 64, 64, 32), dump_dir=str(tmp_path / "k"))
@@ -356,7 +356,7 @@ def test_register_tile_vectors_stay_in_registers(tmp_path):
         f"      c{i}{k} += ((pt_f32x{w}){{}} + x) * y{k};\n" for k in range(4)) + "    }\n" for i in range(4))
     accs = ", ".join(f"c{i}{k} = {{}}" for i in range(4) for k in range(4))
     stores = "".join(f"  *(pt_f32x{w}*)&c[{(4 * i + k) * w}] = c{i}{k};\n" for i in range(4) for k in range(4))
-    body = (f"void tile(const float* restrict a, const float* restrict b, float* restrict c, long n, long r0) {{\n"
+    body = (f"__attribute__(({FMA_ATTRIBUTE})) void tile(const float* restrict a, const float* restrict b, float* restrict c, long n, long r0) {{\n"
             f"  pt_f32x{w} {accs};\n  for (long d = 0; d < n; ++d) {{\n{ys}{fmas}  }}\n{stores}}}\n")
     src = tmp_path / "tile.c"
     src.write_text(PRELUDE + body)

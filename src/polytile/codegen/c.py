@@ -296,6 +296,7 @@ def expr(e: Expr) -> str:
 
 
 _COMPARES = ("eq", "ne", "lt", "le", "gt", "ge")
+FMA_ATTRIBUTE = 'optimize("fp-contract=fast")'  # on kernels whose multiply-adds are fused
 
 
 def _widened_float(e: Expr) -> bool:
@@ -426,7 +427,7 @@ def render(p: Program, offsets: dict[str, int], entry: str = "pt_entry", units: 
             # contractions (and attention) multiply-add with one rounding, as eager's GEMM and
             # convolution kernels do; everywhere else a * b + c rounds twice, as eager's
             # separate elementwise kernels do (the C flags turn contraction off)
-            attrs = "visibility(\"hidden\")" + (", optimize(\"fp-contract=fast\")" if fma else "")
+            attrs = "visibility(\"hidden\")" + (", " + FMA_ATTRIBUTE if fma else "")
             proto = (f"__attribute__(({attrs})) void {fname}"
                      f"(int pt_nthreads, int* pt_err{', ' if params else ''}{params})")
             bodies.append((proto, [f"/* {k.origin} */", proto + " {", *stmts(canon, 1), "}\n"]))
