@@ -307,7 +307,7 @@ def row_tiles(n: Nest, mr: int, i0: Expr, MI: int, nv: int, vw: int, vt: str, yb
 
 
 PREFETCH_LINE = 16  # floats per 64-byte cache line
-SUM_CHUNK = 512  # reductions per partial sum of a register tile (``row_tiles``)
+SUM_CHUNK = 128  # reductions per partial sum of a register tile (``row_tiles``)
 
 
 L1_WAY_BYTES = 4096  # the span of one way of the L1 (32 KB 8-way, 48 KB 12-way): addresses this far apart share a set
