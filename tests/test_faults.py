@@ -152,3 +152,13 @@ def test_full_disk_runs_in_aten_and_leaves_no_partial_entry(tmp_path):
     assert "OK 0 1" in r.stdout, (r.stdout, r.stderr[-2000:])
     assert r.stderr.count("compiling") == 1, r.stderr[-3000:]  # one warning
     _entries_whole(d)
+
+
+def test_compile_over_its_budget_runs_in_aten(tmp_path, caplog):
+    """A graph whose passes take longer than compile_budget_s is given up (checked between
+    passes) and runs through ATen, with a warning."""
+    with caplog.at_level(logging.WARNING, logger="polytile"):
+        _run_both({"compile_budget_s": 0.0, "cache_dir": str(tmp_path / "c")})
+    st = polytile.stats()
+    assert st["graphs_compiled"] == 0 and st["graphs_failed"] == 2, st
+    assert any("compile_budget_s" in w.getMessage() for w in _warnings(caplog))

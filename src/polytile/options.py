@@ -55,6 +55,9 @@ class Options:
     verify_passes: bool = field(default_factory=lambda: os.environ.get("POLYTILE_VERIFY_PASSES", "") == "1")
     """Also verify the affine program after every pass (``$POLYTILE_VERIFY_PASSES=1``; the test
     suite sets it): finds the pass that broke an invariant, at about a third more compile time."""
+    compile_budget_s: float = 600.0
+    """Seconds the pass pipeline may take for one graph; past it (checked after every pass) the
+    graph runs through ATen, with a warning. Each isl query also has its own operation budget."""
     parallel_min_work: int = 16384
     """A nest with fewer scalar iterations than this runs on one thread."""
     fusion: bool = True

@@ -48,7 +48,11 @@ def run_pipeline(p: Program, options: Options, dump: Callable[[str, Program], No
     ``polytile.stats()["compile_phases"]``."""
     if options.verify:
         verify_program(p)
+    start = time.perf_counter()
     for name, fn in PASSES:
+        if time.perf_counter() - start > options.compile_budget_s:
+            raise CompileBudgetExceeded(f"polytile: the passes took more than {options.compile_budget_s:g} s "
+                                        f"(compile_budget_s), before {name!r}")
         t0 = time.perf_counter()
         try:
             p = fn(p, options)
@@ -62,6 +66,10 @@ def run_pipeline(p: Program, options: Options, dump: Callable[[str, Program], No
     if options.verify and not options.verify_passes:
         verify_program(p)
     return p
+
+
+class CompileBudgetExceeded(RuntimeError):
+    pass
 
 
 class PassError(RuntimeError):
