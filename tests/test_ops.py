@@ -726,6 +726,9 @@ def _flash_make():
     return q, k, v, o, lse, randn(1, 2, 5, 4)
 
 
+case("conv_transpose", lambda x, w, b, x1, w1: (F.conv_transpose2d(x, w, b, 2, 1, 1), F.conv_transpose2d(x, w[:, :2], None, 1, 0, 0, 2, 2),
+                                                F.conv_transpose1d(x1, w1, None, 2, 1, 1)),
+     lambda: (randn(2, 4, 5, 5), randn(4, 6, 3, 3), randn(6), randn(2, 4, 9), randn(4, 3, 3)))
 case("batch_norm-no-stats", lambda w: F.batch_norm(w.reshape(1, 8, -1), None, None, training=True, eps=1e-5).reshape_as(w),
      lambda: (randn(8, 4, 3, 3),))  # NFNet's weight standardization
 _aten("scatter", lambda x, i, s: (aten.scatter.src(x, 1, i, s), aten.scatter.value(x, 1, i, 2.5),

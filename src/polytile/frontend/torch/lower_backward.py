@@ -29,7 +29,7 @@ def _dilate(b, x, s: tuple[int, int]):
     return b.slice(b.slice(x, 2, 0, (H - 1) * s[0] + 1), 3, 0, (W - 1) * s[1] + 1)
 
 
-def _grad_input(b, go, w, in_hw, stride, padding, dilation, groups):
+def grad_input(b, go, w, in_hw, stride, padding, dilation, groups):
     """d(conv)/d(input): the gradient dilated by the stride, convolved with the weight flipped
     in space and transposed per group (input and output channels swapped)."""
     O, Cg, KH, KW = w.shape
@@ -80,7 +80,7 @@ def convolution_backward(ctx, go, x, w, bias_sizes, stride, padding, dilation, t
     stride, padding, dilation = _pair(stride), _pair(padding), _pair(dilation)
     gi = gw = gb = None
     if output_mask[0]:
-        gi = _grad_input(b, go, w, x.shape[2:], stride, padding, dilation, int(groups))
+        gi = grad_input(b, go, w, x.shape[2:], stride, padding, dilation, int(groups))
     if output_mask[1]:
         gw = _grad_weight(b, go, x, w.shape[2:], stride, padding, dilation, int(groups))
     if output_mask[2]:
@@ -112,7 +112,7 @@ def avg_pool2d_backward(ctx, go, x, kernel_size, stride, padding, ceil_mode, cou
                      ceil_mode=False, count_include_pad=True, divisor=1)
         scaled = b.ew("div", go4, cnt)
     w = b.full(1.0, x.dtype, [C, 1, *k])
-    gi = _grad_input(b, scaled, b.materialize(w), (H, W), s, p, (1, 1), C)
+    gi = grad_input(b, scaled, b.materialize(w), (H, W), s, p, (1, 1), C)
     return gi if len(x.shape) == 4 else b.squeeze(gi, [0])
 
 

@@ -45,9 +45,9 @@ def addmm(ctx, bias, a, c, beta=1, alpha=1):
 @lowers(aten.convolution.default)
 def convolution(ctx, x, w, bias, stride, padding, dilation, transposed, output_padding, groups):
     b = ctx.b
-    if transposed:
-        raise Unsupported("transposed convolution")
     nd = len(x.shape) - 2
+    if transposed:
+        return _transposed(ctx, x, w, bias, stride, padding, dilation, output_padding, groups)
     if nd == 1:  # conv1d as conv2d with H = 1
         y = convolution(ctx, b.unsqueeze(x, 2), b.unsqueeze(w, 2), None, [1] + list(stride),
                         [0] + list(padding), [1] + list(dilation), False, None, groups)
@@ -57,6 +57,28 @@ def convolution(ctx, x, w, bias, stride, padding, dilation, transposed, output_p
                    dilation=_pair(dilation), groups=int(groups))
     else:
         raise Unsupported(f"conv{nd}d")
+    if bias is not None:
+        y = b.ew("add", y, b.reshape(bias, [bias.shape[0]] + [1] * nd))
+    return y
+
+
+def _transposed(ctx, x, w, bias, stride, padding, dilation, output_padding, groups):
+    """A transposed convolution is the input gradient of the convolution whose weight it takes."""
+    from .lower_backward import grad_input
+
+    b = ctx.b
+    nd = len(x.shape) - 2
+    if nd == 1:
+        y = _transposed(ctx, b.unsqueeze(x, 2), b.unsqueeze(w, 2), None, [1, *stride], [0, *padding],
+                        [1, *dilation], [0, *output_padding], groups)
+        y = b.squeeze(y, [2])
+    elif nd == 2:
+        s, p, d, op = _pair(stride), _pair(padding), _pair(dilation), _pair(output_padding)
+        hw = [(n - 1) * st - 2 * pp + dd * (k - 1) + o + 1
+              for n, st, pp, dd, k, o in zip(x.shape[2:], s, p, d, w.shape[2:], op)]
+        y = grad_input(b, x, w, hw, s, p, d, int(groups))
+    else:
+        raise Unsupported(f"transposed conv{nd}d")
     if bias is not None:
         y = b.ew("add", y, b.reshape(bias, [bias.shape[0]] + [1] * nd))
     return y
