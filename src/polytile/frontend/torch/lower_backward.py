@@ -29,9 +29,11 @@ def _dilate(b, x, s: tuple[int, int]):
     return b.slice(b.slice(x, 2, 0, (H - 1) * s[0] + 1), 3, 0, (W - 1) * s[1] + 1)
 
 
-def grad_input(b, go, w, in_hw, stride, padding, dilation, groups):
+def grad_input(b, go, w, in_hw, stride, padding, dilation, groups, extra=None):
     """d(conv)/d(input): the gradient dilated by the stride, convolved with the weight flipped
-    in space and transposed per group (input and output channels swapped)."""
+    in space and transposed per group (input and output channels swapped). ``extra``: the input
+    rows and columns after the last window (a transposed convolution's output padding); by
+    default those the forward convolution left over."""
     O, Cg, KH, KW = w.shape
     g = groups
     wt = b.reshape(w, [g, O // g, Cg, KH, KW])
@@ -42,9 +44,9 @@ def grad_input(b, go, w, in_hw, stride, padding, dilation, groups):
         edge = dl * (k - 1) - p
         if edge < 0:
             raise Unsupported("convolution gradient with padding wider than the kernel")
-        extra = (n + 2 * p - dl * (k - 1) - 1) % s  # input rows after the last window's start
+        after = (n + 2 * p - dl * (k - 1) - 1) % s if extra is None else extra[d]
         lo.append(edge)
-        hi.append(edge + extra)
+        hi.append(edge + after)
     return b.node("conv2d", [x, wt], stride=(1, 1), padding=tuple(lo), padding_hi=tuple(hi),
                   dilation=tuple(dilation), groups=g)
 

@@ -76,7 +76,7 @@ def _transposed(ctx, x, w, bias, stride, padding, dilation, output_padding, grou
         s, p, d, op = _pair(stride), _pair(padding), _pair(dilation), _pair(output_padding)
         hw = [(n - 1) * st - 2 * pp + dd * (k - 1) + o + 1
               for n, st, pp, dd, k, o in zip(x.shape[2:], s, p, d, w.shape[2:], op)]
-        y = grad_input(b, x, w, hw, s, p, d, int(groups))
+        y = grad_input(b, x, w, hw, s, p, d, int(groups), extra=op)
     else:
         raise Unsupported(f"transposed conv{nd}d")
     if bias is not None:

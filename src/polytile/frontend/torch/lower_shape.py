@@ -177,12 +177,18 @@ def _masked_put(ctx, x, given, values, accumulate):
     broadcast over the dims after the ones it covers."""
     b = ctx.b
     k, mask = given
-    if not isinstance(values, Node) or values.numel != 1:
-        raise Unsupported("index_put with a boolean mask and more than one value (data-dependent shape)")
+    trailing = list(x.shape[k + len(mask.shape):])
     if tuple(mask.shape) != tuple(x.shape[k:k + len(mask.shape)]):
         raise Unsupported("index_put with a boolean mask of another shape than the dims it covers")
-    m = b.reshape(mask, [1] * k + list(mask.shape) + [1] * (len(x.shape) - k - len(mask.shape)))
-    v = b.reshape(b.cast(values, x.dtype), [])
+    if not isinstance(values, Node):
+        values = b.full(values, x.dtype)
+    vshape = list(values.shape)
+    while vshape and vshape[0] == 1 and len(vshape) > len(trailing):
+        vshape.pop(0)
+    if len(vshape) > len(trailing) or any(v not in (1, t) for v, t in zip(vshape[::-1], trailing[::-1])):
+        raise Unsupported("index_put with a boolean mask and values per selected element (data-dependent shape)")
+    m = b.reshape(mask, [1] * k + list(mask.shape) + [1] * len(trailing))
+    v = b.reshape(b.cast(values, x.dtype), vshape)
     return b.where(m, b.ew("add", x, v) if accumulate else v, x)
 
 
@@ -227,8 +233,11 @@ def _scatter(ctx, x, dim, index, src, accumulate):
     """x[..., index[i], ...] (+)= src[i] for every position i of index: an index_put with index on
     ``dim`` and the position itself on every other dim."""
     b = ctx.b
-    if not x.shape or len(index.shape) != len(x.shape):
-        raise Unsupported("scatter of a 0-d tensor or with an index of another rank")
+    if not x.shape:  # a 0-d tensor: a 1-element dim 0
+        one = [b.reshape(t, [1]) if isinstance(t, Node) else t for t in (x, index, src)]
+        return b.reshape(_scatter(ctx, one[0], 0, one[1], one[2], accumulate), [])
+    if len(index.shape) != len(x.shape):
+        raise Unsupported("scatter with an index of another rank")
     dim %= len(x.shape)
     r = len(x.shape)
     inds = [index if d == dim else b.reshape(b.iota(n, "int64"), [n if k == d else 1 for k in range(r)])
