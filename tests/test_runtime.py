@@ -183,9 +183,11 @@ def test_inputs_in_another_layout_than_compiled(case):
 
 def test_outputs_have_eager_strides():
     """A graph output leaves with the strides eager gives it (AOTAutograd compiles the backward
-    graph for those): a transposed or channels-last result is written in its memory order."""
+    graph for those): a transposed or channels-last result is written in its memory order, an
+    expanded one is computed once along its broadcast dims and expanded."""
     def f(x, y):
-        return (torch.relu(x).t(), (x + 1).unsqueeze(0).permute(0, 2, 1) * 2, y.contiguous(memory_format=torch.channels_last) + 1, x * 3)
+        return (torch.relu(x).t(), (x + 1).unsqueeze(0).permute(0, 2, 1) * 2, y.contiguous(memory_format=torch.channels_last) + 1, x * 3,
+                (x[:1] * 2).expand(4, 5), torch.zeros(3, 1).expand(3, 4), (x.t() + 1)[:, None].expand(5, 2, 6))
 
     x, y = torch.randn(6, 5), torch.randn(2, 3, 4, 5)
     g = compile_fn(f, x, y)

@@ -219,14 +219,20 @@ def compile_aten_graph(gm: fx.GraphModule, example_inputs, options: Options, par
     return _make_runner(gm, final, placeholders, out_node, consts)
 
 
-def dense_order(val) -> tuple[int, ...] | None:
-    """The permutation that lists ``val``'s dims from the outermost to the innermost in memory,
-    when ``val`` (an FX node's example value) is dense but not row-major (a transpose, a
-    channels-last tensor); None when it is row-major or not dense (those leave the graph
-    row-major)."""
-    if not isinstance(val, torch.Tensor) or val.dim() < 2:
+def _layout(val) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    if not isinstance(val, torch.Tensor):
         return None
-    shape, strides = tuple(int(n) for n in val.shape), tuple(int(s) for s in val.stride())
+    return tuple(int(n) for n in val.shape), tuple(int(s) for s in val.stride())
+
+
+def dense_order(layout) -> tuple[int, ...] | None:
+    """The permutation that lists a layout's dims (``(shape, strides)``, an FX node's example
+    value's) from the outermost to the innermost in memory, when it is dense but not row-major
+    (a transpose, a channels-last tensor); None when it is row-major or not dense (those leave
+    the graph row-major)."""
+    if layout is None or len(layout[0]) < 2:
+        return None
+    shape, strides = layout
     if _is_contiguous(TensorSpec(shape, strides, "f32")):
         return None
     perm = tuple(sorted(range(len(shape)), key=lambda d: (-strides[d], d)))
@@ -234,6 +240,11 @@ def dense_order(val) -> tuple[int, ...] | None:
     if any(strides[d] != c and shape[d] > 1 for d, c in zip(perm, inner)):
         return None
     return perm
+
+
+def broadcast_dims(layout) -> list[int]:
+    """Dims of a layout with stride 0 and more than one element (an expanded tensor)."""
+    return [] if layout is None else [d for d, (n, st) in enumerate(zip(*layout)) if st == 0 and n > 1]
 
 
 def _finish_segment(seg: Segment, options: Options, name: str, dumper, placeholders) -> None:
@@ -249,25 +260,39 @@ def _finish_segment(seg: Segment, options: Options, name: str, dumper, placehold
             if all(st >= 0 for st in strides):
                 return ("alias", v.attr("index") if v.op == "input" else v.inputs[0].attr("index"),
                         tuple(shape), tuple(strides), off)
+        layout = _layout(val) if isinstance(v, Node) else None
+        if broadcast_dims(layout):
+            # an expanded result (stride 0) leaves expanded, as in eager: one element written
+            # along those dims, expanded on the way out
+            zero = broadcast_dims(layout)
+            small = v
+            for d in zero:
+                small = b.slice(small, d, 0, 1)
+            shape, strides = layout
+            inner = ([1 if d in zero else n for d, n in enumerate(shape)], strides)
+            return ("expand", export_dense(small, inner), tuple(shape))
         if isinstance(v, Node):
-            # an output leaves with the strides of eager's result (AOTAutograd compiled the
-            # backward graph, and dynamo the code after the graph, for those): it is written in
-            # the order of its memory and handed out as a permuted view of that
-            perm = dense_order(val)
-            if perm is not None:
-                v = b.permute(v, perm)
-            if v.op in ("view", "input", "full", "iota"):
-                v = b.node("identity", (v,))
-            if v.id not in uniq:
-                uniq[v.id] = len(outputs)
-                outputs.append(v)
-            if perm is not None:
-                return ("permute", uniq[v.id], tuple(sorted(range(len(perm)), key=perm.__getitem__)))
-            return uniq[v.id]
+            return export_dense(v, layout)
         if isinstance(v, (tuple, list)):
             vals = val if isinstance(val, (tuple, list)) and len(val) == len(v) else [None] * len(v)
             return ("tuple", tuple(export(x, xv) for x, xv in zip(v, vals)))
         return ("const", v)
+
+    def export_dense(v, layout):
+        # an output leaves with the strides of eager's result (AOTAutograd compiled the backward
+        # graph, and dynamo the code after the graph, for those): it is written in the order of
+        # its memory and handed out as a permuted view of that
+        perm = dense_order(layout)
+        if perm is not None:
+            v = b.permute(v, perm)
+        if v.op in ("view", "input", "full", "iota"):
+            v = b.node("identity", (v,))
+        if v.id not in uniq:
+            uniq[v.id] = len(outputs)
+            outputs.append(v)
+        if perm is not None:
+            return ("permute", uniq[v.id], tuple(sorted(range(len(perm)), key=perm.__getitem__)))
+        return uniq[v.id]
 
     seg.out_map = [export(seg.env[n], n.meta.get("val")) for n in seg.out_nodes]
     graph = b.graph(outputs)
@@ -300,6 +325,8 @@ def _make_runner(gm, steps, placeholders, out_node, consts):
         kind, *v = m
         if kind == "permute":
             return outs[v[0]].permute(v[1])
+        if kind == "expand":
+            return unpack(outs, v[0], ins, specs).expand(v[1])
         if kind == "alias":
             k, shape, strides, offset = v
             t = ins[k]
