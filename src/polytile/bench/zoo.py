@@ -91,6 +91,8 @@ def _hf(spec: ModelSpec, batch: int, gen: torch.Generator, dropout: bool = True)
         config.use_cache = False  # inference without a KV cache object among the outputs
     if not dropout:
         _no_dropout(config)
+    if getattr(config, "pad_token_id", 0) is None and spec.name.endswith("ForSequenceClassification"):
+        config.pad_token_id = getattr(config, "eos_token_id", None) or 0  # batches of more than one sequence
     model = cls(config).eval()
     vocab = getattr(config, "vocab_size", 30000)
     ids = torch.randint(0, vocab, (batch, SEQ_LEN), generator=gen)
