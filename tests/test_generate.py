@@ -20,16 +20,20 @@ def _generate_both(model, ids, new_tokens):
     return out, ref
 
 
-def test_gpt2_greedy_generation_matches_eager():
-    cfg = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=256, n_positions=64)
+def _check_generation(model_cls, cfg, prompt_shape, new_tokens):
     torch.manual_seed(0)
-    model = transformers.GPT2LMHeadModel(cfg).eval()
-    ids = torch.randint(0, 256, (2, 5))
-    out, ref = _generate_both(model, ids, 6)
-    assert out.shape == ref.shape == (2, 11)
+    model = model_cls(cfg).eval()
+    ids = torch.randint(0, 256, prompt_shape)
+    out, ref = _generate_both(model, ids, new_tokens)
+    assert out.shape == ref.shape == (prompt_shape[0], prompt_shape[1] + new_tokens)
     assert torch.equal(out, ref), (out, ref)
     st = polytile.stats()
     assert st["graphs_compiled"] >= 2 and st["ops_compiled"] > 0, st
+
+
+def test_gpt2_greedy_generation_matches_eager():
+    cfg = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=256, n_positions=64)
+    _check_generation(transformers.GPT2LMHeadModel, cfg, (2, 5), 6)
 
 
 def test_llama_style_greedy_generation_matches_eager():
@@ -37,11 +41,4 @@ def test_llama_style_greedy_generation_matches_eager():
     cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                                    num_attention_heads=4, num_key_value_heads=2, vocab_size=256,
                                    max_position_embeddings=64)
-    torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(cfg).eval()
-    ids = torch.randint(0, 256, (1, 6))
-    out, ref = _generate_both(model, ids, 6)
-    assert out.shape == ref.shape == (1, 12)
-    assert torch.equal(out, ref), (out, ref)
-    st = polytile.stats()
-    assert st["graphs_compiled"] >= 2 and st["ops_compiled"] > 0, st
+    _check_generation(transformers.LlamaForCausalLM, cfg, (1, 6), 6)

@@ -635,14 +635,9 @@ def _meta_only(out) -> Any:
     return [(x.dtype, tuple(x.shape)) if isinstance(x, torch.Tensor) else x for x in leaves]
 
 
-def run_sample(key: tuple[str, str], index: int, request=None) -> None:
-    opinfo = OPINFOS[key]
-    samples = samples_of(key)
-    assert index < len(samples), (f"{_label(key)} now has {len(samples)} samples (SELECTED says "
-                                  f"{SELECTED.get(key)}): regenerate SELECTED")
-    sample = samples[index]
-    args = copy.deepcopy(_as_args(sample))  # compiled run (an op may write to its input)
-
+def _eager_then_compiled(opinfo, args):
+    """(eager's result on a copy of ``args``, polytile's on ``args``), under no_grad, from fresh
+    dynamo state and counters; skips the test when eager raises."""
     def fn(inp, *a, **kw):
         return opinfo.op(inp, *a, **kw)
 
@@ -655,7 +650,16 @@ def run_sample(key: tuple[str, str], index: int, request=None) -> None:
         torch._dynamo.reset()
         torch._dynamo.utils.counters.clear()
         polytile.reset_stats()
-        got = torch.compile(fn, backend="polytile", dynamic=False)(args[0], *args[1], **args[2])
+        return expected, torch.compile(fn, backend="polytile", dynamic=False)(args[0], *args[1], **args[2])
+
+
+def run_sample(key: tuple[str, str], index: int, request=None) -> None:
+    opinfo = OPINFOS[key]
+    samples = samples_of(key)
+    assert index < len(samples), (f"{_label(key)} now has {len(samples)} samples (SELECTED says "
+                                  f"{SELECTED.get(key)}): regenerate SELECTED")
+    sample = samples[index]
+    expected, got = _eager_then_compiled(opinfo, copy.deepcopy(_as_args(sample)))
     st = polytile.stats()
     breaks = dict(torch._dynamo.utils.counters["graph_break"])
     assert st["ops_fallen_back"] == {}, f"fell back to ATen: {st['ops_fallen_back']}"
@@ -741,18 +745,7 @@ def run_any_sample(key: tuple[str, str], index: int) -> None:
         args = copy.deepcopy(_as_args(samples[index]))
     except NotImplementedError as e:  # sparse compressed inputs cannot be copied
         pytest.skip(f"sample cannot be copied: {e}")
-
-    def fn(inp, *a, **kw):
-        return opinfo.op(inp, *a, **kw)
-
-    with torch.no_grad():
-        try:
-            expected = _call(opinfo, copy.deepcopy(args))
-        except Exception as e:
-            pytest.skip(f"eager raises {type(e).__name__}")
-        torch._dynamo.reset()
-        polytile.reset_stats()
-        got = torch.compile(fn, backend="polytile", dynamic=False)(args[0], *args[1], **args[2])
+    expected, got = _eager_then_compiled(opinfo, args)
 
     def ref64():
         try:

@@ -55,6 +55,17 @@ def _short(e: BaseException) -> str:
     return " ".join(msg[:3])[:400]
 
 
+def time_systems(res: ModelResult, fns: dict, eager_once: float, rounds: int, time_budget_s: float) -> None:
+    """Time ``fns`` (eager, polytile, maybe inductor) side by side into ``res``: as many rounds
+    as the budget allows, judging from one eager call's seconds (``eager_once``)."""
+    per_round = eager_once * len(fns) * 1.5
+    r = max(1, min(rounds, int(time_budget_s / max(per_round, 1e-6))))
+    t = time_side_by_side(fns, warmup=1 if r < rounds else 2, rounds=r)
+    res.rounds = r
+    res.eager_ms, res.polytile_ms = t["eager"] * 1e3, t["polytile"] * 1e3
+    res.inductor_ms = t["inductor"] * 1e3 if "inductor" in t else None
+
+
 def run_model(spec: zoo.ModelSpec, *, batch: int | None = None, threads: int = 2, rounds: int = 10,
               time_budget_s: float = 60.0, inductor: bool = True, options: dict | None = None) -> ModelResult:
     import polytile
@@ -97,12 +108,7 @@ def run_model(spec: zoo.ModelSpec, *, batch: int | None = None, threads: int = 2
                 fns["inductor"] = lambda: w(ind)
             except Exception as e:
                 res.error = "inductor failed: " + _short(e)
-        per_round = eager_once * len(fns) * 1.5
-        r = max(1, min(rounds, int(time_budget_s / max(per_round, 1e-6))))
-        t = time_side_by_side(fns, warmup=1 if r < rounds else 2, rounds=r)
-        res.rounds = r
-        res.eager_ms, res.polytile_ms = t["eager"] * 1e3, t["polytile"] * 1e3
-        res.inductor_ms = t["inductor"] * 1e3 if "inductor" in t else None
+        time_systems(res, fns, eager_once, rounds, time_budget_s)
     res.status = "pass" if ok and not res.fallbacks else ("fail_accuracy" if not ok else "fallback")
     del w
     gc.collect()

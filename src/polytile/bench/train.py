@@ -15,9 +15,8 @@ import time
 import torch
 
 from ..accuracy import check_accuracy
-from ..benchmarking import time_side_by_side
 from . import zoo
-from .suite import ModelResult, _short
+from .suite import ModelResult, _short, time_systems
 
 TOL = 1e-2  # PyTorch's dynamo benchmarks' training tolerance
 STEPS = 3  # optimizer steps before the weights are compared
@@ -105,12 +104,7 @@ def run_train_model(spec: zoo.ModelSpec, *, batch: int | None = None, threads: i
             fns["inductor"] = lambda: _step(w, theirs, ind)
         except Exception as e:
             res.error = "inductor failed: " + _short(e)
-    per_round = eager_once * len(fns) * 1.5
-    r = max(1, min(rounds, int(time_budget_s / max(per_round, 1e-6))))
-    t = time_side_by_side(fns, warmup=1 if r < rounds else 2, rounds=r)
-    res.rounds = r
-    res.eager_ms, res.polytile_ms = t["eager"] * 1e3, t["polytile"] * 1e3
-    res.inductor_ms = t["inductor"] * 1e3 if "inductor" in t else None
+    time_systems(res, fns, eager_once, rounds, time_budget_s)
     res.status = "pass" if ok and not res.fallbacks else ("fail_accuracy" if not ok else "fallback")
     del w, mine
     gc.collect()
