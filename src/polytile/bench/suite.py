@@ -30,6 +30,7 @@ class ModelResult:
     inductor_ms: float | None = None
     polytile_ms: float | None = None
     compile_s: float | None = None
+    inductor_compile_s: float | None = None  # Inductor's first call, in the same process
     fallbacks: dict = field(default_factory=dict)
     kernels: int = 0
     rounds: int = 0
@@ -104,7 +105,9 @@ def run_model(spec: zoo.ModelSpec, *, batch: int | None = None, threads: int = 2
         if inductor:
             try:
                 ind = torch.compile(w.model)
+                t0 = time.perf_counter()
                 w(ind)
+                res.inductor_compile_s = time.perf_counter() - t0
                 fns["inductor"] = lambda: w(ind)
             except Exception as e:
                 res.error = "inductor failed: " + _short(e)

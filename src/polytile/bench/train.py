@@ -100,7 +100,9 @@ def run_train_model(spec: zoo.ModelSpec, *, batch: int | None = None, threads: i
         try:
             theirs = copy.deepcopy(w.model)
             ind = torch.compile(theirs)
+            t0 = time.perf_counter()
             _step(w, theirs, ind)
+            res.inductor_compile_s = time.perf_counter() - t0
             fns["inductor"] = lambda: _step(w, theirs, ind)
         except Exception as e:
             res.error = "inductor failed: " + _short(e)
