@@ -124,7 +124,7 @@ def test_constant_scale_folded_into_the_q_tile(tmp_path):
     head, tiles = main.split("for (int64_t jt = ", 1)
     # how the renderer writes the constant: 100 query rows take the key-major form, which works
     # in base 2 (log2(e) joins the scale)
-    from polytile.affine.build_attention import LOG2E
+    from polytile.backends.cpu.attention import LOG2E
     c = float.hex(0.3 * LOG2E)
     assert c in head and c not in tiles and "pt_exp2_f32x" in tiles
 
@@ -132,7 +132,7 @@ def test_constant_scale_folded_into_the_q_tile(tmp_path):
 def test_key_major_scores_from_32_query_rows(tmp_path):
     """From COLS_MIN_ROWS query rows the score tile is s[key][query]: the per-query max and sum
     run down its columns (no per-row reduction) and the rescale factors are vector exps."""
-    from polytile.affine.build_attention import COLS_MIN_ROWS
+    from polytile.backends.cpu.attention import COLS_MIN_ROWS
 
     for L, name in ((COLS_MIN_ROWS - 1, "rows"), (COLS_MIN_ROWS, "cols")):
         _run(_sdpa(False), _qkv(1, 2, 2, L, 70, 32), dump_dir=str(tmp_path / name))

@@ -10,7 +10,11 @@ import polytile
 from polytile.affine.ir import Buffer, For, Kernel, Load, Program, Store, Var, c
 from polytile.transform.cache_static import cache_static_kernels, mark_static_inputs
 
-ON = {"cache_weights": True}  # opt-in: a write through ``.data`` is not seen
+from machines import pinned
+
+# opt-in: a write through ``.data`` is not seen. The tests count the kernels cached, which the
+# register tiles of the machine decide: the pinned one
+ON = {"cache_weights": True, "machine": pinned()}
 
 
 def test_by_default_a_write_through_data_is_seen():
@@ -104,7 +108,7 @@ def test_blocked_reduction_reads_each_block_of_the_cached_panels():
     torch.manual_seed(1)
     m = Conv1D(700, 500)
     x = torch.randn(30, 700)
-    cm = torch.compile(m, backend="polytile", options={**ON, "target": {"l2_bytes": 128 * 1024}})
+    cm = torch.compile(m, backend="polytile", options={**ON, "machine": pinned(l2_bytes=128 * 1024)})
     polytile.reset_stats()
     _check(cm, m, x)
     assert polytile.stats()["cache_refreshes"] == 1

@@ -15,17 +15,20 @@ from polytile.affine.build import build
 from polytile.affine.ir import Alloc, Const, For, If, Let, Load, Op, Store, c, lanes, stmt_exprs, walk_exprs, walk_stmts
 from polytile.graph.builder import GraphBuilder
 from polytile.options import Options
-from polytile.target import detect, resolve
-from polytile.transform.pipeline import PASSES
+from polytile.backends.cpu.machine import detect, resolve
+from polytile.compiler import passes_for
 
 from accuracy import assert_accurate, fp64_reference
+from machines import pinned
 
 F32 = "float32"
 
 
-def _compile(fn, args, **opts):
+def _compile(fn, args, target=None, **opts):
+    """``fn`` compiled for the pinned machine with ``target``'s fields changed."""
     torch._dynamo.reset()
     polytile.reset_stats()
+    opts["machine"] = pinned(**(target or {}))
     out = torch.compile(fn, backend="polytile", options={"fallback": False, **opts})(*args)
     return out, polytile.stats()
 
@@ -171,10 +174,11 @@ def test_separate_conv_pack_scans_image_rows():
     assert_accurate(out, fn(xs, ws), lambda: fp64_reference(fn, (xs, ws)), 1e-4)
 
 
-def _pipeline(p, **opts):
-    o = Options(**{"threads": 2, **opts})
-    for name, fn in PASSES:
-        p = fn(p, o)
+def _pipeline(p, target=None, **opts):
+    """Every pass, for the pinned machine with ``target``'s fields changed."""
+    o = Options(**{"threads": 2, "machine": pinned(**(target or {})), **opts})
+    for name, fn in passes_for(o):
+        p = fn(p)
     return p
 
 
@@ -288,7 +292,21 @@ def test_target_detection_and_overrides():
     with pytest.raises(ValueError, match="valid fields"):
         resolve({"vector_width": 16})
     with pytest.raises(Exception, match="valid fields"):  # dynamo wraps the backend's ValueError
-        torch.compile(torch.mm, backend="polytile", options={"target": {"nope": 1}})(torch.ones(2, 2), torch.ones(2, 2))
+        torch.compile(torch.mm, backend="polytile", options={"machine": {"nope": 1}})(torch.ones(2, 2), torch.ones(2, 2))
+    # a named machine instead of the detected one, with fields changed
+    z3 = resolve({"preset": "zen3", "cores": 1})
+    assert (z3.vector_bytes, z3.vector_registers, z3.l2_bytes, z3.cores) == (32, 16, 512 << 10, 1)
+    with pytest.raises(ValueError, match="presets are"):
+        resolve({"preset": "pentium"})
+    # the target by name; the older spelling (a dict as target) is the machine
+    assert Options.from_dict({"target": "cpu"}).target == "cpu"
+    assert Options.from_dict({"target": {"vector_bytes": 16}}).machine == {"vector_bytes": 16}
+    with pytest.raises(ValueError, match="targets are"):
+        Options.from_dict({"target": "tpu"})
+    a, b = torch.randn(9, 7), torch.randn(7, 5)
+    out = torch.compile(torch.mm, backend="polytile", options={"target": "cpu", "machine": {"preset": "sse"},
+                                                                "fallback": False})(a, b)
+    torch.testing.assert_close(out, a @ b, rtol=1e-5, atol=1e-5)
 
 
 def test_few_columns_use_the_dot_form():
@@ -570,7 +588,7 @@ def test_few_panels_share_the_l2_in_reduction_blocks():
     two-level sum passes (1.3e-5)."""
     from polytile.transform.contraction_nest import match
     from polytile.transform.contraction_sizes import k_block
-    t = resolve({"l2_bytes": 2 << 20, "vector_bytes": 64, "vector_registers": 32, "cores": 2})
+    t = resolve(pinned(**{"l2_bytes": 2 << 20, "vector_bytes": 64, "vector_registers": 32, "cores": 2}))
     b = GraphBuilder()
     x, w = b.input(0, [128, 16384], F32), b.input(1, [512, 16384], F32)
     p = build(b.graph([b.matmul(x, b.transpose(w, 0, 1))]))
@@ -588,7 +606,7 @@ def k_block_of(k: int) -> int:
     b = GraphBuilder()
     x, w = b.input(0, [32, k], F32), b.input(1, [96, k], F32)
     n = match(build(b.graph([b.matmul(x, b.transpose(w, 0, 1))])).kernels[0])
-    return k_block(n, k, 32, resolve({"l2_bytes": 512 << 10}), 1)
+    return k_block(n, k, 32, resolve(pinned(**{"l2_bytes": 512 << 10})), 1)
 
 
 def test_few_panels_block_when_x_is_streamed_per_panel():
@@ -600,7 +618,7 @@ def test_few_panels_block_when_x_is_streamed_per_panel():
     equal eager's."""
     from polytile.transform.contraction_nest import match
     from polytile.transform.contraction_sizes import k_block
-    t = resolve({"l2_bytes": 1 << 20, "vector_bytes": 64, "vector_registers": 32, "cores": 2})
+    t = resolve(pinned(**{"l2_bytes": 1 << 20, "vector_bytes": 64, "vector_registers": 32, "cores": 2}))
     for k, n_out, kc in ((3072, 768, 512), (768, 3072, 0)):
         b = GraphBuilder()
         x, w = b.input(0, [128, k], F32), b.input(1, [n_out, k], F32)
@@ -679,10 +697,14 @@ def test_row_operand_rows_in_one_l1_set_are_copied_apart():
     from polytile.transform.tile_nests import aliased_rows
     from polytile.affine.ir import Var
     row = lambda k: Load("x", Op("add", (Op("mul", (Var("i"), c(k)), "int64"), Var("r")), "int64"), F32)  # noqa: E731
-    assert aliased_rows(row(1024), "i", Var("r"), 14) and aliased_rows(row(3072), "i", Var("r"), 14)
-    assert aliased_rows(row(512), "i", Var("r"), 14)  # 2 KB apart: two sets of seven rows
-    assert not aliased_rows(row(768), "i", Var("r"), 14) and not aliased_rows(row(1000), "i", Var("r"), 14)
-    assert not aliased_rows(row(1024), "i", Var("r"), 4)
+    z4 = resolve(pinned())  # 32 KB 8-way L1: a way spans 4 KB
+    assert aliased_rows(row(1024), "i", Var("r"), 14, z4) and aliased_rows(row(3072), "i", Var("r"), 14, z4)
+    assert aliased_rows(row(512), "i", Var("r"), 14, z4)  # 2 KB apart: two sets of seven rows
+    assert not aliased_rows(row(768), "i", Var("r"), 14, z4) and not aliased_rows(row(1000), "i", Var("r"), 14, z4)
+    assert not aliased_rows(row(1024), "i", Var("r"), 4, z4)
+    # an L1 of 16 ways of 2 KB: rows 3 KB apart take two of its sets, seven rows in each
+    wide = resolve(pinned(l1d_bytes=32 << 10, l1d_ways=16))
+    assert aliased_rows(row(1024), "i", Var("r"), 14, wide) and aliased_rows(row(768), "i", Var("r"), 14, wide)
     torch.manual_seed(0)
     # 32 tokens: one panel of 2 vectors (AVX-512), the weight's 96 rows in 14-row tiles; with
     # K = 1024 the panel fits in the L2 and each row tile copies its rows whole, once, outside
@@ -851,7 +873,7 @@ def test_implicit_gemm_blocks_all_panels_when_the_weight_is_streamed_per_panel()
     masked loads. With two panels (N1 C512 7x7) or a short reduction (C128) nothing is
     blocked. All equal eager's, with inf and NaN beside the padding."""
     tgt = {"l2_bytes": 1 << 20, "vector_bytes": 64, "vector_registers": 32, "cores": 2}
-    t = resolve(tgt)
+    t = resolve(pinned(**tgt))
     for n_, ci, hw, blocked in ((5, 464, 7, True), (1, 512, 7, False), (5, 128, 7, False)):
         b = GraphBuilder()
         x, w = b.input(0, [n_, ci, hw, hw], F32), b.input(1, [40, ci, 3, 3], F32)

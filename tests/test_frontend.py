@@ -227,7 +227,10 @@ def test_graph_breaks(capsys):
 
 # ------------------------------------------------------------------ dumps
 def test_dump_dir(tmp_path):
-    from polytile.transform.pipeline import PASSES
+    from polytile.compiler import passes_for
+    from polytile.options import Options
+
+    PASSES = passes_for(Options())
 
     def fn(x, w):
         return torch.relu(x @ w).sum(-1)

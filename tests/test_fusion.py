@@ -25,20 +25,22 @@ from polytile.graph import compose
 from polytile.graph.builder import GraphBuilder
 from polytile.options import Options
 from polytile.transform import fuse_epilogues, fuse_loops, fuse_producers, parallelize
-from polytile.transform.pipeline import PASSES
+from polytile.compiler import passes_for
+from polytile.transform.pipeline import shared_passes
 
 from accuracy import assert_accurate, fp64_reference
+from machines import pinned
 
 F32 = "float32"
 FIXTURES = Path(__file__).parent / "fixtures" / "fusion"
-FUSION_PASSES = ("check_parallel", "fuse_producers", "fuse_epilogues", "fuse_loops", "check_parallel_fused")
 
 
 def fuse(p: Program, **opts) -> Program:
+    """The shared passes (dead code, fusion), which every backend runs first."""
     o = Options(**{"threads": 2, **opts})
-    for name, fn in PASSES:
-        if name in FUSION_PASSES:
-            p = fn(p, o)
+    for name, fn in shared_passes(o):
+        if name != "drop_dead_kernels":
+            p = fn(p)
     return p
 
 
@@ -375,8 +377,8 @@ def test_pad_is_an_interior_copy_and_fills_and_fuses_affinely():
     act = b.ew("sigmoid", b.ew("mul", x, b.full(2.0, F32)))
     padded = b.node("pad", (act,), pads=((0, 0), (0, 0), (0, 1), (1, 1)), value=0.0)
     p = build(b.graph([padded]))
-    for name, fn in PASSES:
-        p = fn(p, Options(threads=1))
+    for name, fn in passes_for(Options(threads=1, machine=pinned())):
+        p = fn(p)
     (k,) = p.kernels
     ops = {x.fn for s in walk_stmts(k.body) for e in stmt_exprs(s) for x in walk_exprs(e) if isinstance(x, Op)}
     assert "sigmoid" in ops and not ops & {"floordiv", "remainder", "where"}

@@ -17,6 +17,7 @@ from polytile.transform.bounds import conditions_to_bounds
 from polytile.transform.coalesce import coalesce_loops
 
 from accuracy import assert_accurate, fp64_reference
+from machines import pinned
 
 F32 = "float32"
 
@@ -124,7 +125,7 @@ def test_padded_image_pack_is_split_not_selected(tmp_path):
     def fn(x, w):
         return F.conv2d(x.permute(0, 3, 1, 2), w, padding=1)
 
-    out = _compile(fn, (x, w), dump_dir=str(tmp_path))
+    out = _compile(fn, (x, w), dump_dir=str(tmp_path), machine=pinned())  # (its panels: the machine's)
     assert_accurate(out, fn(x, w), lambda: fp64_reference(fn, (x, w)), 1e-4)
     src = next(tmp_path.rglob("*kernel.c")).read_text()
     pack = src[src.index("_pack(int pt_nthreads"):]
@@ -274,5 +275,5 @@ def test_pure_transposing_copies_transposed_in_registers(vector_bytes):
     for fn, x in cases:
         torch._dynamo.reset()
         out = torch.compile(fn, backend="polytile",
-                            options={"fallback": False, "target": {"vector_bytes": vector_bytes}})(x)
+                            options={"fallback": False, "machine": pinned(vector_bytes=vector_bytes)})(x)
         assert torch.equal(out, fn(x))

@@ -94,9 +94,15 @@ class Options:
     in-place update through the tensor, e.g. an optimizer step or ``load_state_dict``). A write
     through ``.data`` bypasses the version counter and is NOT seen (the old values are used):
     turn this on only for code that never updates weights that way."""
-    target: Any = None
-    """Overrides of the detected machine description (``polytile.target.Target`` fields),
-    e.g. ``{"vector_bytes": 16}``; the cost models read the result."""
+    target: str | None = None
+    """The backend that compiles the graph (``"cpu"``, see ``polytile.backends``); None: the
+    one for the device of the graph's inputs."""
+    machine: Any = None
+    """Overrides of the target's machine description, which its cost models read: for the CPU
+    the fields of ``polytile.backends.cpu.machine.CPUMachine``, e.g. ``{"vector_bytes": 16}``,
+    and ``"preset"`` to start from a named machine instead of the detected one
+    (``{"preset": "zen3"}``; presets in ``PRESETS`` there). A dict given as ``target`` (the
+    older spelling) means the same."""
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any] | None) -> "Options":
@@ -115,11 +121,20 @@ class Options:
             kw["cflags"] = tuple(kw["cflags"].split())
         elif "cflags" in kw:
             kw["cflags"] = tuple(kw["cflags"])
-        if kw.get("target") is not None:
-            from .target import resolve
+        if isinstance(kw.get("target"), Mapping):
+            if kw.get("machine") is not None:
+                raise ValueError("polytile: give the machine description as 'machine' only")
+            kw["machine"] = kw.pop("target")
+        if kw.get("target") is not None or kw.get("machine") is not None:
+            from .backends import BACKENDS, _load_builtin
 
-            resolve(kw["target"])  # unknown fields fail here, with the valid ones listed
-            kw["target"] = dict(kw["target"])
+            _load_builtin()
+            name = kw.get("target") or "cpu"
+            if name not in BACKENDS:
+                raise ValueError(f"polytile: unknown target {name!r}; targets are {sorted(BACKENDS)}")
+            if kw.get("machine") is not None:
+                kw["machine"] = dict(kw["machine"])
+                BACKENDS[name].machine(kw["machine"])  # unknown fields fail here, with the valid ones
         if "threads" in kw:
             kw["threads"] = int(kw["threads"])
             if kw["threads"] < 1:
@@ -134,4 +149,4 @@ class Options:
         return repr((self.threads, self.cc, self.cflags, self.fast_math, self.parallel_min_work, self.fusion, self.fuse_producers,
                      self.fuse_epilogues, self.fuse_loops, self.fuse_siblings, self.fuse_attention,
                      self.tile_contractions, self.prefetch, self.cache_weights,
-                     self.profile, sorted((self.target or {}).items())))
+                     self.profile, self.target, sorted((self.machine or {}).items())))

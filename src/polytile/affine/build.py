@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 from ..dtypes import Unsupported
 from ..graph.builder import contiguous_strides
@@ -55,9 +55,8 @@ def _in_range(e: Expr, n: int) -> Expr:
 
 
 class _Builder:
-    def __init__(self, graph: Graph, target=None, threads: int = 1):
+    def __init__(self, graph: Graph):
         self.g = graph
-        self.target, self.threads = target, threads
         self.bufs: dict[int, Buffer] = {}
         self.kernels: list[Kernel] = []
         self._ntemps = 0
@@ -495,16 +494,6 @@ class _Builder:
         self.emit(n, self.loops(n.shape, "i", lambda idx: [self.store(n, idx, self.read(n, idx))], True))
 
 
-def _attention(b: _Builder, n: Node) -> None:
-    from ..target import detect
-    from .build_attention import lower_attention
-
-    pack, main = lower_attention(b, n, b.target or detect(), b.threads)
-    if pack:  # the key-major form reads K and V in place when it can
-        b.emit(n, pack, f"pack K, V for {n.op}{list(n.shape)}")
-    b.emit(n, main)
-
-
 _KIND = {
     "elementwise": _Builder.elementwise, "reduce": _Builder.reduce, "scan": _Builder.scan,
     "contraction": _Builder.matmul,
@@ -513,24 +502,26 @@ _KIND = {
 _OP = {
     "conv2d": _Builder.conv2d, "pool2d": _Builder.pool2d, "adaptive_avg_pool2d": _Builder.adaptive_avg_pool2d,
     "gather": _Builder.gather, "take_along": _Builder.take_along, "pad": _Builder.pad,
-    "index_nd": _Builder.index_nd, "index_put": _Builder.index_put, "attention": _attention,
+    "index_nd": _Builder.index_nd, "index_put": _Builder.index_put,
 }
 
 
-def build(graph: Graph, target=None, threads: int = 1) -> Program:
+def build(graph: Graph, lowerings: Mapping[str, Callable] | None = None) -> Program:
     """Graph IR -> affine Program (one kernel per materialized node; views become index maps).
-    ``target`` and ``threads`` size the tiles of the nests built tiled (attention)."""
+    ``lowerings`` (from the backend, ``Backend.op_lowerings``): graph op -> ``fn(builder,
+    node)`` for ops whose nests the target builds itself (attention)."""
     from ..graph.ops import OPS
 
-    b = _Builder(graph, target, threads)
+    b = _Builder(graph)
+    lowerings = lowerings or {}
     for n in graph.nodes:
         if n.op in ("input", "view") or (n.op in ("full", "iota") and n not in graph.outputs):
             continue
         if n.numel == 0:
             b.buf(n)
             continue
-        rule = _OP.get(n.op) or _KIND.get(OPS[n.op].kind)
+        rule = lowerings.get(n.op) or _OP.get(n.op) or _KIND.get(OPS[n.op].kind)
         if rule is None:
-            raise Unsupported(f"no affine lowering for graph op {n.op}")
+            raise Unsupported(f"no affine lowering for graph op {n.op} on this target")
         rule(b, n)
     return Program(tuple(sorted(b.bufs.values(), key=lambda x: (x.kind, x.index, x.name))), tuple(b.kernels))

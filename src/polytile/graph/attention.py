@@ -12,7 +12,7 @@ decomposed by AOTAutograd, or written out as in HF/timm models):
     O  = matmul(view?(P), V)
 
 into ``attention(Q, Kt, V, masks...)`` with the steps as an attribute; its lowering
-(``affine.build_attention``) is the online-softmax nest that never stores the score matrix.
+(the CPU backend's ``backends.cpu.attention``) is the online-softmax nest that never stores the score matrix.
 A mask the program computes from indices alone (``is_causal``) is evaluated here; when it
 keeps exactly the keys j <= i + offset it becomes a ``causal`` step, so the lowering can skip
 key tiles that are entirely masked. Nothing is rewritten when an intermediate (scores,

@@ -1,16 +1,20 @@
 """Sizes of the register tile and of the reduction blocks of ``tile_contractions``, from the
-Target (vector registers and width, L2 size, cores): the analytical part of its cost model."""
+CPUMachine (vector registers and width, L2 size, cores): the analytical part of its cost model."""
 from __future__ import annotations
 
 from math import gcd
+from typing import TYPE_CHECKING
 
 from ..affine.ir import Expr, trip_count
 from ..affine.linear import linear_form, to_expr
-from ..target import Target
 from .contraction_nest import Nest
+from .contraction_plan import static_schedule
+
+if TYPE_CHECKING:  # a scheduling pass of the CPU backend, sized by its machine description
+    from ..backends.cpu.machine import CPUMachine
 
 
-def tile_sizes(t: Target) -> tuple[int, int, int]:
+def tile_sizes(t: CPUMachine) -> tuple[int, int, int]:
     """(MR, NV, VW): rows of the register tile, vectors per row, lanes per vector."""
     vw = t.lanes(4)
     nv = 2
@@ -18,7 +22,7 @@ def tile_sizes(t: Target) -> tuple[int, int, int]:
     return mr, nv, vw
 
 
-def wide_tile(t: Target, mr: int, nv: int, vw: int, N: int, K: int) -> tuple[int, int]:
+def wide_tile(t: CPUMachine, mr: int, nv: int, vw: int, N: int, K: int) -> tuple[int, int]:
     """(MR, NV) for a nest with N columns: with 32 vector registers and columns for it, a 9 x 3
     vector tile instead of 14 x 2 (each panel then meets all of X once per 48 columns, not 32:
     measured +4-12% on 10 of 12 GEMM shapes on an AVX-512 Xeon, -2% on one). Matmul-like nests
@@ -26,27 +30,27 @@ def wide_tile(t: Target, mr: int, nv: int, vw: int, N: int, K: int) -> tuple[int
     # the panels shared over the cores unless they all fit in the L2 (then the row tiles are,
     # see ``rows_outer``)
     panels_shared = -(-N // (3 * vw)) * K * 3 * vw * 4 > t.l2_bytes // 2
-    if t.vector_registers >= 32 and N >= 3 * vw and not (panels_shared and _unbalanced(N, 3 * vw, nv * vw, t.cores)):
+    if t.vector_registers >= 32 and N >= 3 * vw and not (panels_shared and _unbalanced(N, 3 * vw, nv * vw, t)):
         return (t.vector_registers - 3 - 1) // 3, 3
     return mr, nv
 
 
-def _unbalanced(N: int, wide: int, narrow: int, cores: int) -> bool:
-    """Whether panels of ``wide`` columns, shared over the cores in contiguous chunks (OpenMP's
-    static schedule), leave the busiest core more than 1/12 more columns to compute than panels
-    of ``narrow`` do (a partial last panel computes only the vectors it has columns for).
-    N = 512 over two cores: 11 panels of 48, six on one core, 288 columns, against 8 + 8
-    panels of 32, 256 columns."""
+def _unbalanced(N: int, wide: int, narrow: int, t: CPUMachine) -> bool:
+    """Whether panels of ``wide`` columns, shared over the cores by OpenMP's static schedule,
+    leave the busiest core more than 1/12 more columns to compute than panels of ``narrow`` do
+    (a partial last panel computes only the vectors it has columns for). N = 512 over two
+    cores: 11 panels of 48, six on one core, 288 columns, against 8 + 8 panels of 32, 256
+    columns."""
+    vw = t.lanes(4)
+
     def busiest(nr: int) -> int:
         panels = -(-N // nr)
-        cols = [nr] * (panels - 1) + [-(-(N - (panels - 1) * nr) // 16) * 16]
-        chunk = -(-panels // cores)
-        return max(sum(cols[i:i + chunk]) for i in range(0, panels, chunk))
+        return static_schedule([nr] * (panels - 1) + [-(-(N - (panels - 1) * nr) // vw) * vw], t.cores)
 
     return 12 * busiest(wide) > 13 * busiest(narrow)
 
 
-def k_block(n: Nest, K: int, nr: int, t: Target, panels: int = 1) -> int:
+def k_block(n: Nest, K: int, nr: int, t: CPUMachine, panels: int = 1) -> int:
     """KC, the reduction block, when a packed panel of the whole reduction (K x nr) would not fit
     in half the L2 (K = 500000: the panels and the row operand streamed from memory once per
     panel); 0 for no blocking. Nests without a batch loop (or with one of one step: a convolution's
@@ -71,7 +75,7 @@ def k_block(n: Nest, K: int, nr: int, t: Target, panels: int = 1) -> int:
 ALL_PANELS_MIN_KC = 128  # the shortest block worth every panel's block at once (``reduction_block``)
 
 
-def reduction_block(n: Nest, M: int, N: int, K: int, nr: int, t: Target) -> tuple[int, bool]:
+def reduction_block(n: Nest, M: int, N: int, K: int, nr: int, t: CPUMachine) -> tuple[int, bool]:
     """(KC, all_panels) for a tiled nest with panels of ``nr`` columns: KC = 0 for an unblocked
     reduction; ``all_panels``: every panel's block is packed per block and every row tile meets
     them all (an implicit GEMM with many panels; ``few_panels_block``)."""

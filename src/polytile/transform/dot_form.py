@@ -12,21 +12,45 @@ buffer between blocks.
 """
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from ..affine.ir import (Alloc, Assign, Const, Expr, For, Kernel, Let, Load, Op, Stmt, Store, Var, add, c,
                          mul, vector_type)
 from ..affine.linear import linear_form, to_expr
 from .contraction_nest import Nest, batch_index, decompose, epilogue_store, in_group, strides
+from .contraction_plan import KBlock
 from .fusion_util import map_expr, subst_vars
 from .tile_util import new_temp, reduction_blocks
 from .tile_util import when as _when
 
+if TYPE_CHECKING:
+    from ..backends.cpu.machine import CPUMachine
 
-def dot_form(k: Kernel, n: Nest, M: int, N: int, K: int, vw: int, regs: int, buffers: list,
-             l1_bytes: int = 32 << 10, l2_bytes: int = 1 << 20) -> list[Kernel]:
+
+@dataclass(frozen=True)
+class DotPlan:
+    """The dot form of nest ``n``: its N columns and K reductions, vectors of ``vw`` lanes
+    along the reduction, Y packed transposed into ``packed`` (Yt[bl][N][K])."""
+    n: Nest
+    N: int
+    K: int
+    vw: int
+    packed: str
+    bl: Expr
+
+
+@dataclass(frozen=True)
+class Span:
+    """``count`` tiles of ``size`` (rows or columns) from ``start``."""
+    start: int
+    size: int
+    count: int
+
+
+def dot_form(k: Kernel, n: Nest, M: int, N: int, K: int, buffers: list, machine: CPUMachine) -> list[Kernel]:
     """Few columns: vectorize the reduction instead of the columns (see the module doc)."""
-    vt = vector_type("float32", vw)
+    vw, regs, l1_bytes, l2_bytes = machine.lanes(4), machine.vector_registers, machine.l1d_bytes, machine.l2_bytes
     i = n.iloop.var
     jn, rn = [f.var for f in n.jloops], [f.var for f in n.rloops]
     fy = linear_form(n.y.index)[0]
@@ -55,25 +79,28 @@ def dot_form(k: Kernel, n: Nest, M: int, N: int, K: int, vw: int, regs: int, buf
     else:
         blocks = [(c(0), kv, 0, False, True)]
     roots = []
-    for i0, mdx, mi in ((0, md, M // md), ((M // md) * md, M % md, 1)):
-        if mdx == 0:
+    plan = DotPlan(n, N, K, vw, pk, bl)
+    for rows in (Span(0, md, M // md), Span((M // md) * md, M % md, 1)):
+        if rows.size == 0:
             continue
-        for j0, ndx, nj in ((0, nd, N // nd), ((N // nd) * nd, N % nd, 1)):
-            if not ndx:
+        for cols in (Span(0, nd, N // nd), Span((N // nd) * nd, N % nd, 1)):
+            if not cols.size:
                 continue
             for v0, nv, loop, reload, final in blocks:
-                kblock = (v0, nv, reload, final, acc, N) if kblocked else None
-                root = _dot_nest(n, vt, vw, pk, bl, N, K, i0, mdx, mi, j0, ndx, nj, kblock)
+                kblock = KBlock(v0, nv, reload, final, acc, N) if kblocked else None
+                root = _dot_nest(plan, rows, cols, kblock)
                 roots.append(For("kb", c(0), c(loop), (root,)) if loop else root)
     return [pack, replace(k, body=tuple(roots))]
 
 
-def _dot_nest(n: Nest, vt: str, vw: int, pk: str, bl: Expr, N: int, K: int,
-              i0: int, md: int, mi: int, j0: int, nd: int, nj: int, kblock=None) -> Stmt:
+def _dot_nest(plan: DotPlan, rows: Span, cols: Span, kblock: KBlock | None = None) -> Stmt:
     """for p..., io < mi, jo < nj: rows i0 + io*md + [0, md) times columns j0 + jo*nd + [0, nd).
-    ``kblock`` = (v0, kv, reload, final, acc, N): reduction vectors v0 + [0, kv) only, the
-    accumulators loaded from ``acc`` when ``reload`` holds and stored there unless ``final``
-    holds (then the lanes are summed and the epilogue runs)."""
+    ``kblock``: reduction vectors r0 + [0, kc) only, the accumulators loaded from ``acc`` when
+    ``reload`` holds and stored there unless ``final`` holds (then the lanes are summed and the
+    epilogue runs)."""
+    n, N, K, vw, pk, bl = plan.n, plan.N, plan.K, plan.vw, plan.packed, plan.bl
+    vt = vector_type("float32", vw)
+    i0, md, mi, j0, nd, nj = rows.start, rows.size, rows.count, cols.start, cols.size, cols.count
     i = n.iloop.var
     rn = [f.var for f in n.rloops]
     io, jo, ii, jj, R, rr = "io", "jo", "ii", "jj", "rv", "rr"
@@ -81,7 +108,7 @@ def _dot_nest(n: Nest, vt: str, vw: int, pk: str, bl: Expr, N: int, K: int,
     col0 = add(c(j0), mul(Var(jo), c(nd)))
     accs = [[f"acc{x}_{y}" for y in range(nd)] for x in range(md)]
     kv = K // vw
-    v0, nvec = (c(0), kv) if kblock is None else kblock[:2]
+    v0, nvec = (c(0), kv) if kblock is None else (kblock.r0, kblock.kc)
     Rg = add(v0, Var(R)) if kblock is not None else Var(R)  # the vector index in the whole of K
     inner: list[Stmt] = []
     for y in range(nd):
@@ -98,7 +125,7 @@ def _dot_nest(n: Nest, vt: str, vw: int, pk: str, bl: Expr, N: int, K: int,
     body: list[Stmt] = [Alloc(tile, "float32", md * nd * vw)]
     body += [Let(accs[x][y], vt, Op("broadcast", (Const(0.0, "float32"),), vt)) for x in range(md) for y in range(nd)]
     if kblock is not None:
-        reload, final, acc = kblock[2:5]
+        reload, final, acc = kblock.reload, kblock.final, kblock.acc
 
         def at(x: int, y: int) -> Expr:
             return mul(add(mul(add(row0, c(x)), c(N)), add(col0, c(y))), c(vw))

@@ -16,6 +16,7 @@ from ..affine.linear import simplify_divmod, to_expr, uses_var
 from .contraction_nest import Nest, decompose
 from .contraction_sizes import chunk_start
 from .fusion_util import subst_vars
+from .contraction_plan import At, ContractionPlan
 from .tile_nests import transposed_pack
 
 MASKED_SEGMENTS = 3  # image rows a masked panel row loads separately at most (``masked_rows``)
@@ -223,7 +224,7 @@ class PanelPacker:
         step = fy.get(jn[-1], 0)
         if (n.cond is None and len(jn) == 1 and len(rn) == 1 and step != 1
                 and fy.get(rn[0], 0) == 1 and Kp >= vw):  # (guard: the last panel, tail columns)
-            return transposed_pack(buf, idx, pval_, rname, Kp, nr, vw, vt, jj, tail if guard else None)
+            return transposed_pack(At(buf, idx), pval_, (rname, jj), Kp, nr, vw, tail if guard else None)
         if not guard and (step == 1 or (step == 2 and n.y.buf in sizes and chunk is None)):
             # Y walks the panel's columns contiguously when they share their outer coordinates
             # (pixels of one image row); the condition (padding) is a conjunction of affine
@@ -289,10 +290,10 @@ class PanelPacker:
         return tuple(pre) + stmts
 
 
-def panel_packer(n: Nest, N: int, K: int, NJt: int, nr: int, nv: int, vw: int, vt: str, tail: int, fused: bool,
-                 sizes: dict, fy: dict) -> PanelPacker:
-    """The packer of nest ``n``'s panels (``NJt`` of them): its pixel coordinates as div/mod of
-    the flat column (jo * nr + jj) where they simplify, else from per-panel tables."""
+def panel_packer(plan: ContractionPlan, N: int, nv: int, fused: bool, sizes: dict, fy: dict) -> PanelPacker:
+    """The packer of the panels of ``plan``'s nest: its pixel coordinates as div/mod of the
+    flat column (jo * nr + jj) where they simplify, else from per-panel tables."""
+    n, K, nr, vw, vt, NJt, tail = plan.n, plan.K, plan.nr, plan.vw, plan.vt, plan.panels.total, plan.panels.tail
     i, jn, jo, jj = n.iloop.var, [f.var for f in n.jloops], "jo", "jj"
     jdec = {v: simplify_divmod(e, {jo: (0, NJt), jj: (0, nr)})
             for v, e in decompose(jn, n.jloops, add(mul(Var(jo), c(nr)), Var(jj))).items()}

@@ -18,18 +18,19 @@ coalesced reduction, it becomes
            when N % NR != 0, is packed with zeros past N and its tile stores only the columns
            that exist (partial tiles, no padding copies of the tensors)
 
-Few columns (N < NR) go to the dot form (``dot_form``) instead. MR, NR come from the Target:
+Few columns (N < NR) go to the dot form (``dot_form``) instead. MR, NR come from the CPUMachine:
 NR = 2 vectors, MR = what the remaining vector registers hold.
 """
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from ..affine.ir import (Expr, For, If, Kernel, Load, Op, Program, Stmt, Store, Var, add, c, mul, trip_count,
                          vector_type, walk_exprs)
 from ..affine.linear import linear_form, to_expr
-from ..target import Target
 from .contraction_nest import batch_into_columns, batch_index, contiguous, in_group, match, orient, strides
+from .contraction_plan import At, ContractionPlan, KBlock, Panels, RowMajor, XPack
 from .contraction_sizes import k_block, reduction_block, tile_sizes, wide_tile
 from .dot_form import dot_form
 from .fusion_util import subst_vars
@@ -50,10 +51,12 @@ FUSED_PACK_MIN_PANELS_IM2COL = 2  # ... for an implicit GEMM (a convolution), wh
 # 1.04x -> 0.74x eager)
 FUSED_PACK_MIN_K = 64  # ... and the reduction is at least this long
 ALIASED_PACK_MIN_PANELS = 16  # panels from which an aliased X is packed once per call (see ``aliased``)
-PAGE_BYTES = 4096  # rows of Y this far apart: each on a page of its own (see ``row_tiles``' ``ahead``)
+
+if TYPE_CHECKING:  # a scheduling pass of the CPU backend, sized by its machine description
+    from ..backends.cpu.machine import CPUMachine
 
 
-def tile_contractions(p: Program, target: Target, prefetch: bool = True) -> Program:
+def tile_contractions(p: Program, target: CPUMachine, prefetch: bool = True) -> Program:
     """Every matmul-like nest in its tiled form (or the dot form); ``prefetch``: keep the software
     prefetches of the register tiles (``Options.prefetch``)."""
     mr0, nv0, vw = tile_sizes(target)
@@ -82,8 +85,7 @@ def tile_contractions(p: Program, target: Target, prefetch: bool = True) -> Prog
         if n is not None and N < nr0 and not narrow and n.cond is None and K >= 2 * vw \
                 and M * N * K >= MIN_WORK // 8 \
                 and contiguous(linear_form(n.x.index)[0], [f.var for f in n.rloops], n.rloops):
-            kernels.extend(dot_form(k, n, M, N, K, vw, target.vector_registers, buffers, target.l1d_bytes,
-                                     target.l2_bytes))
+            kernels.extend(dot_form(k, n, M, N, K, buffers, target))
             continue
         # a reduction too long for a packed panel in L2 runs in blocks of KC (see ``k_block``)
         kc = k_block(n, K, nr0, target) if n is not None else 0
@@ -140,7 +142,8 @@ def tile_contractions(p: Program, target: Target, prefetch: bool = True) -> Prog
         jo, jj, ii = "jo", "jj", "ii"
         # a panel that lies within one row of pixels (nr divides the output width) needs no
         # div/mod: (oh, ow) = (jo * nr // W, jo * nr % W + jj)
-        pp = panel_packer(n, N, K, NJt, nr, nv, vw, vt, tail, fused, sizes, fy)
+        plan = ContractionPlan(n, K, R, vw, nr, Panels(NJ, NJt, tail), pk, bl, None, target)
+        pp = panel_packer(plan, N, nv, fused, sizes, fy)
         pack, divmod_left = pp.pack, pp.divmod_left
         rflat = to_expr({v: s for v, s in zip(rn, strides(n.rloops))}, 0)
         pidx = add(packed_at(bl, NJt, Var(jo), K, rflat, nr), Var(jj))
@@ -166,11 +169,11 @@ def tile_contractions(p: Program, target: Target, prefetch: bool = True) -> Prog
         # -> 8457, panels of 480 KB, 12.7 -> 13.6-14.4 ms)
         ahead = None
         if fused and not kc and n.cond is None and len(jn) == 1 and len(rn) == 1 and not divmod_left \
-                and fy.get(jn[0], 0) == 1 and fy.get(rn[0], 0) * 4 >= PAGE_BYTES \
+                and fy.get(jn[0], 0) == 1 and fy.get(rn[0], 0) * 4 >= target.page_bytes \
                 and 2 * K * nr * 4 <= target.l2_bytes // 2:
-            ahead = (n.y.buf, subst_vars(n.y, {jn[0]: mul(add(Var(jo), c(1)), c(nr)), rn[0]: R, i: c(0)}).index)
+            ahead = At(n.y.buf, subst_vars(n.y, {jn[0]: mul(add(Var(jo), c(1)), c(nr)), rn[0]: R, i: c(0)}).index)
 
-        def next_cached_panel(r0: Expr, kcb: int) -> tuple[str, Expr] | None:
+        def next_cached_panel(r0: Expr, kcb: int) -> At | None:
             # cached panels (``inplace``) of weights too large to stay in the L3 between calls (a
             # model's layers one after another) come from memory, a panel's block at a time: the
             # row tiles of panel jo fetch panel jo + 1's block (rows r0 + R) to the L2 meanwhile,
@@ -183,7 +186,7 @@ def tile_contractions(p: Program, target: Target, prefetch: bool = True) -> Prog
             if not inplace or 2 * kcb * nr * 4 > target.l2_bytes // 2 \
                     or (not kc and kcb * nr * 4 <= target.l2_bytes // 4):
                 return None
-            return pk, packed_at(bl, NJt, add(Var(jo), c(1)), K, add(r0, R), nr)
+            return At(pk, packed_at(bl, NJt, add(Var(jo), c(1)), K, add(r0, R), nr))
 
         if ahead is None:
             ahead = next_cached_panel(c(0), K)
@@ -200,7 +203,7 @@ def tile_contractions(p: Program, target: Target, prefetch: bool = True) -> Prog
         # than ALIASED_PACK_MIN_PANELS panels, whose copies cost less than the (transposing) pack
         # of X: 128 x 1024 -> 256, 8 panels, 0.175 -> 0.217 ms packed
         aliased = per_panel and not kc and nv == 2 and NJt >= ALIASED_PACK_MIN_PANELS and not n.batch \
-            and aliased_rows(in_group(n.x, rn, n.rloops, R), i, R, mr)
+            and aliased_rows(in_group(n.x, rn, n.rloops, R), i, R, mr, target)
         if not contiguous(fx, rn, n.rloops) or aliased:
             # the row operand is strided along the reduction (a transposed A) or aliased: pack
             # it into Xp[bx][tile][R][mr] too, rows past M left out (the tail tile reads only
@@ -219,7 +222,8 @@ def tile_contractions(p: Program, target: Target, prefetch: bool = True) -> Prog
             for f in reversed(xdeps):
                 xnest = replace(f, body=(xnest,))
             kernels.append(Kernel(f"{k.name}_packx", (xnest,), f"pack {n.x.buf} for {k.origin}"[:160]))
-            xpack = (xb, xbl, mt, mr)
+            xpack = XPack(xb, xbl, mt, mr)
+            plan = replace(plan, xpack=xpack)
         # row blocks: when the rows of X do not fit in a quarter of the L3, the panel loop runs
         # once per block of MC rows, so each panel meets a block that stays in cache instead of
         # streaming all of X from memory per panel (the panels are packed once per block)
@@ -238,7 +242,7 @@ def tile_contractions(p: Program, target: Target, prefetch: bool = True) -> Prog
         S = 1
         if per_panel and not kc and len(groups) == 1 and groups[0][1] is None:
             S = row_split([nr] * NJ + ([nvt * vw] if tail else []), batch_index(n.batch)[0], target.cores, M,
-                          groups[0][0][0][2])
+                          groups[0][0][0].count)
 
         def by_parts(rows: list, trows: list | None, jlo: int, jhi: int, body_of) -> list[Stmt]:
             # the panel loop jo in [jlo, jhi), inside the parallel loop over the S parts of the rows
@@ -266,21 +270,18 @@ def tile_contractions(p: Program, target: Target, prefetch: bool = True) -> Prog
             # too few panels to share: parallel over row tiles instead
             yblk = new_temp(buffers, NJt * kc * nr) if few else ""
             for r0, kcb, loop, reload, final in blocks:
-                kblock = (r0, kcb, reload, final, cacc, NJt * nr)
+                kblock = KBlock(r0, kcb, reload, final, cacc, NJt * nr)
                 if few:
                     # the block of every panel packed first (parallel over panels), then the row
                     # tiles in parallel, each meeting every panel
-                    root = few_panels_block(n, pack, yblk, groups[0][0], (nv, nvt), (NJ, NJt, tail), nr, kcb,
-                                             rflat, vw, vt, K, R, xpack, kblock)
+                    root = few_panels_block(plan, pack, yblk, groups[0][0], (nv, nvt), rflat, kblock)
                     roots.extend([For("kb", c(0), c(loop), root)] if loop else root)
                     continue
                 local = panel_pack(False, (r0, kcb))
-                body = panel_body(n, groups[0][0], nv, vw, vt, pk, bl, NJt, K, R, xpack, nr, local, nr, kblock,
-                                  ahead=next_cached_panel(r0, kcb))
+                body = panel_body(plan, groups[0][0], nv, nr, local, kblock, ahead=next_cached_panel(r0, kcb))
                 if tail:
                     local = panel_pack(True, (r0, kcb))
-                    bt = panel_body(n, tgroups[0][0], nvt, vw, vt, pk, bl, NJt, K, R, xpack, tail, local, nr,
-                                     kblock)
+                    bt = panel_body(plan, tgroups[0][0], nvt, tail, local, kblock)
                     body = [If(Op("lt", (Var("jo"), c(NJ)), "bool"), tuple(body), tuple(bt))]
                 root: Stmt = For("jo", c(0), c(NJt), tuple(body), parallel=True)
                 roots.append(For("kb", c(0), c(loop), (root,)) if loop else root)
@@ -293,8 +294,8 @@ def tile_contractions(p: Program, target: Target, prefetch: bool = True) -> Prog
             # nest of its own it took one thread while the other waited (1024^3: 22 panels of 48)
             lf, lt = panel_pack(False), panel_pack(True)
             def both(rows: list, trows: list) -> list[Stmt]:
-                bf = panel_body(n, rows, nv, vw, vt, pk, bl, NJt, K, R, xpack, nr, lf, nr, ahead=ahead)
-                bt = panel_body(n, trows, nvt, vw, vt, pk, bl, NJt, K, R, xpack, tail, lt, nr)
+                bf = panel_body(plan, rows, nv, nr, lf, ahead=ahead)
+                bt = panel_body(plan, trows, nvt, tail, lt)
                 return [If(Op("lt", (Var("jo"), c(NJ)), "bool"), tuple(bf), tuple(bt))]
             for (rows, block), (trows, _) in zip(groups, tgroups):
                 roots += [wrap(n, f, block) for f in by_parts(rows, trows, 0, NJt, both)]
@@ -312,12 +313,11 @@ def tile_contractions(p: Program, target: Target, prefetch: bool = True) -> Prog
             # alone in C: 128x768 -> 3072 3.17 -> 2.70 ms, 128x1024 -> 4096 5.73 -> 5.07; a 4 MB
             # temp, 128x1024 -> 8192, 10.0 either way; an 8 MB one, 128x768 -> 16384, 14.5 ->
             # 15.0 ms)
-            tout = (new_temp(buffers, M * N), N)
+            tout = RowMajor(new_temp(buffers, M * N), N)
         if rows_outer:
             panel = packed_at(bl, NJt, Var("jo"), K, R, nr)  # Yp[bl][jo][R][0]
             for rows, block in groups:
-                roots += [wrap(n, f, block) for f in rows_over_panels(n, rows, (nv, nvt), (NJ, NJt, tail), nr, pk,
-                                                                      panel, vw, vt, K, R, xpack, None, tout)]
+                roots += [wrap(n, f, block) for f in rows_over_panels(plan, rows, (nv, nvt), At(pk, panel), None, tout)]
         for jlo, jhi, width in ((0, NJ, nr), (NJ, NJt, tail)) if not (per_panel and tail or kc or rows_outer) else ():
             if jhi == jlo:
                 continue
@@ -327,12 +327,10 @@ def tile_contractions(p: Program, target: Target, prefetch: bool = True) -> Prog
                 if per_panel:  # one nest: full row tiles and rows left over share the packed panel
                     roots += [wrap(n, f, block) for f in by_parts(
                         rows, None, jlo, jhi, lambda rr, _, vecs=vecs, width=width, local=local:
-                        panel_body(n, rr, vecs, vw, vt, pk, bl, NJt, K, R, xpack, width, local, nr,
-                                   ahead=ahead if width == nr else None))]
+                        panel_body(plan, rr, vecs, width, local, ahead=ahead if width == nr else None))]
                     continue
                 for r in rows:  # rows left over: a narrower tile on the same panels
-                    roots.append(tile_nest(n, [r], vecs, vw, vt, pk, bl, NJt, K, R, xpack, (jlo, jhi, width),
-                                            None, block, nr))
+                    roots.append(tile_nest(plan, [r], vecs, (jlo, jhi, width), None, block))
         body = tuple(roots)
         if not prefetch:
             body = drop_prefetches(body)
@@ -340,5 +338,5 @@ def tile_contractions(p: Program, target: Target, prefetch: bool = True) -> Prog
             body = drop_prefetches(body, lambda s: not s.write and s.buf == n.x.buf)
         kernels.append(replace(k, body=body))
         if tout is not None:
-            kernels.append(out_kernel(k, n, tout[0], M, N, vw))
+            kernels.append(out_kernel(k, n, tout.buf, M, N, vw, plan.line))
     return replace(p, kernels=tuple(kernels), buffers=tuple(buffers))

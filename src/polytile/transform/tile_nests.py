@@ -5,23 +5,28 @@ column operand packed into panels of nr columns, R the flat reduction index."""
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from ..affine.ir import (INDEX, Alloc, Assign, Const, Expr, For, If, Kernel, Let, Load, Op, Prefetch, Stmt, Store, Var,
                         add, c, in_register, mul, vector_type, walk_exprs)
 from ..affine.linear import linear_form, uses_var
 from ..affine.transpose import transposed_block
 from .contraction_nest import Nest, epilogue_store, in_group
+from .contraction_plan import FLOAT_BYTES, At, ContractionPlan, KBlock, RowGroup, RowMajor, static_schedule
 from .fusion_util import map_expr, subst_vars
 from .tile_util import when as _when
 
+if TYPE_CHECKING:
+    from ..backends.cpu.machine import CPUMachine
 
-def few_panels_block(n: Nest, pack, yblk: str, rows, nvs, panels, nr: int, kcb: int, rflat: Expr, vw: int,
-                      vt: str, K: int, R: Var, xpack, kblock) -> tuple[Stmt, ...]:
+
+def few_panels_block(plan: ContractionPlan, pack, yblk: str, rows: list[RowGroup], nvs: tuple[int, int],
+                     rflat: Expr, kblock: KBlock) -> tuple[Stmt, ...]:
     """One reduction block when there are few panels: the block of every panel packed into
-    ``yblk`` [jo][kcb][nr] (parallel over panels), then the row tiles in parallel, each
+    ``yblk`` [jo][kc][nr] (parallel over panels), then the row tiles in parallel, each
     running over the full panels and the partial last one."""
-    NJ, NJt, tail = panels
-    r0 = kblock[0]
+    NJ, NJt, tail = plan.panels.full, plan.panels.total, plan.panels.tail
+    nr, r0, kcb = plan.nr, kblock.r0, kblock.kc
     idx = add(mul(add(mul(Var("jo"), c(kcb)), rflat), c(nr)), Var("jj"))
     packs: list[Stmt] = []
     if NJ and tail:  # one parallel loop, the partial last panel behind a test (no serial pack after it)
@@ -31,57 +36,56 @@ def few_panels_block(n: Nest, pack, yblk: str, rows, nvs, panels, nr: int, kcb: 
         packs.append(For("jo", c(0), c(NJ), pack(yblk, idx, False, (r0, kcb)), parallel=True))
     elif tail:
         packs.append(For("jo", c(NJ), c(NJt), pack(yblk, idx, True, (r0, kcb))))
-    panel = mul(add(mul(Var("jo"), c(kcb)), R), c(nr))
-    return (*packs, *rows_over_panels(n, rows, nvs, panels, nr, yblk, panel, vw, vt, K, R, xpack, kblock))
+    panel = mul(add(mul(Var("jo"), c(kcb)), plan.R), c(nr))
+    return (*packs, *rows_over_panels(plan, rows, nvs, At(yblk, panel), kblock))
 
 
-def rows_over_panels(n: Nest, rows, nvs, panels, nr: int, ybuf: str, panel: Expr, vw: int, vt: str, K: int,
-                     R: Var, xpack, kblock=None, tout=None) -> list[For]:
-    """For each (mr, i0, MI) of ``rows``: io < MI (parallel), the row tile meets every packed panel
-    in turn, the full ones (nvs[0] vectors) then the partial last one (nvs[1]); ``panels`` =
-    (full panels, all panels, columns of the last); ``panel`` indexes panel jo in ``ybuf``."""
-    NJ, NJt, tail = panels
+def rows_over_panels(plan: ContractionPlan, rows: list[RowGroup], nvs: tuple[int, int], src: At,
+                     kblock: KBlock | None = None, tout: RowMajor | None = None) -> list[For]:
+    """For each group of ``rows``: io < count (parallel), the row tile meets every packed panel
+    in turn, the full ones (nvs[0] vectors) then the partial last one (nvs[1]); ``src`` is
+    panel jo's row R."""
+    NJ, NJt, tail = plan.panels.full, plan.panels.total, plan.panels.tail
     out = []
-    for mr, i0, MI in rows:
+    for g in rows:
         # rows of X copied apart (``aliased_rows``) once per row tile for all the panels (with
-        # a blocked reduction, the block's columns of them: copied once per panel, the rows of a
-        # 128 x 4096 -> 1024 linear's weight were read four times, 6.2-7.2 -> 5.4-5.9 ms in C)
-        parts: list[Stmt] = copy_x_rows(n, mr, i0, K, R, nvs[0], xpack, kblock)
-        hoisted = bool(parts)
-        for jlo, jhi, width, vecs in ((0, NJ, nr, nvs[0]), (NJ, NJt, tail, nvs[1])):
+        # a blocked reduction, the block's columns of them, once per row tile too)
+        parts: list[Stmt] = copy_x_rows(plan, g, nvs[0], kblock)
+        tiles = replace(g, x_copied=bool(parts))
+        for jlo, jhi, width, vecs in ((0, NJ, plan.nr, nvs[0]), (NJ, NJt, tail, nvs[1])):
             if jhi > jlo:
-                f = row_tiles(n, mr, i0, MI, vecs, vw, vt, ybuf, panel, K, R, xpack, width, nr, kblock, tout, hoisted)
+                f = row_tiles(plan, tiles, vecs, src, width, kblock, tout)
                 parts.append(For("jo", c(jlo), c(jhi), f.body))
-        out.append(For("io", c(0), c(MI), tuple(parts), parallel=True))
+        out.append(For("io", c(0), c(g.count), tuple(parts), parallel=True))
     return out
 
 
-def copy_x_rows(n: Nest, mr: int, i0: Expr, K: int, R: Var, nv: int, xpack, kblock=None) -> list[Stmt]:
-    """For a row tile io that meets every panel in turn: its rows of X, when they share L1
-    sets (see ``row_tiles``), copied whole into ``xrows`` (rows K + 16 floats apart) once for
-    all the panels, or with ``kblock`` (r0, kc, ...) their columns r0 + [0, kc) (rows kc + 16
-    apart); [] when they are read in place."""
-    i = n.iloop.var
-    xr = in_group(n.x, [f.var for f in n.rloops], n.rloops, R)
-    if not copies_rows(xr, i, R, mr, nv, xpack):
+def copy_x_rows(plan: ContractionPlan, g: RowGroup, nv: int, kblock: KBlock | None = None) -> list[Stmt]:
+    """For a row tile io of ``g`` that meets every panel in turn: its rows of X, when they share
+    L1 sets (see ``row_tiles``), copied whole into ``xrows`` (rows K + a cache line apart) once
+    for all the panels, or with ``kblock`` the block's columns (rows kc + a line apart); []
+    when they are read in place."""
+    n = plan.n
+    xr = in_group(n.x, [f.var for f in n.rloops], n.rloops, plan.R)
+    if not copies_rows(plan, xr, g.mr, nv):
         return []
-    lo, kc = (c(0), K) if kblock is None else kblock[:2]
-    xl = kc + PREFETCH_LINE
-    return [Alloc("xrows", "float32", mr * xl),
-            rows_copy(xr, i, R, add(i0, mul(Var("io"), c(mr))), mr, xl, lo, add(lo, c(kc)))]
+    lo, kc = (c(0), plan.K) if kblock is None else (kblock.r0, kblock.kc)
+    xl = kc + plan.line
+    return [Alloc("xrows", "float32", g.mr * xl),
+            rows_copy(xr, n.iloop.var, plan.R, add(g.i0, mul(Var("io"), c(g.mr))), g.mr, xl, lo, add(lo, c(kc)))]
 
 
-def split_rows(rows: list, S: int) -> list:
-    """``rows`` (mr, i0, MI) shared among S parts by the loop variable ``ih``: the first group's
-    MI tiles in S runs of MI // S, the last part taking what is left over and the narrower
-    tiles after it, as (mr, i0, MI, lo, hi) with the tile loop's bounds affine in ``ih`` (so
-    that isl sees the parts write disjoint rows)."""
-    (mr, i0, MI), rest = rows[0], rows[1:]
-    q = MI // S
+def split_rows(rows: list[RowGroup], S: int) -> list[RowGroup]:
+    """``rows`` shared among S parts by the loop variable ``ih``: the first group's tiles in S
+    runs of count // S, the last part taking what is left over and the narrower tiles after
+    it, with the tile loop's bounds affine in ``ih`` (so that isl sees the parts write
+    disjoint rows)."""
+    g, rest = rows[0], rows[1:]
+    q = g.count // S
     ih = Var("ih")
     last = ih if S == 2 else Op("floordiv", (ih, c(S - 1)), INDEX)  # 1 on the last part, else 0
-    out = [(mr, i0, MI, mul(ih, c(q)), add(mul(add(ih, c(1)), c(q)), mul(last, c(MI - S * q))))]
-    return out + [(m, i, k, c(0), mul(last, c(k))) for m, i, k in rest]
+    out = [replace(g, lo=mul(ih, c(q)), hi=add(mul(add(ih, c(1)), c(q)), mul(last, c(g.count - S * q))))]
+    return out + [replace(r, lo=c(0), hi=mul(last, c(r.count))) for r in rest]
 
 
 def row_split(panel_cols: list[int], tasks_before: int, cores: int, M: int, MI: int) -> int:
@@ -92,46 +96,36 @@ def row_split(panel_cols: list[int], tasks_before: int, cores: int, M: int, MI: 
     once per part (64 per part); else 1. N1 C256 14x14 3x3: 7 panels of 32 columns (the last
     of 4) gave one core 128 columns, the other 68."""
     cols = panel_cols * tasks_before
-    T = len(cols)
     if cores < 2 or M < 64 * cores or MI < 2 * cores:
         return 1
-    size, extra = divmod(T, cores)
-    busiest, at = 0, 0
-    for t in range(cores):  # libgomp's static schedule: the first T % cores threads take one more
-        k = size + (1 if t < extra else 0)
-        busiest = max(busiest, sum(cols[at:at + k]))
-        at += k
-    return cores if 10 * busiest * cores > 11 * sum(cols) else 1
+    return cores if 10 * static_schedule(cols, cores) * cores > 11 * sum(cols) else 1
 
 
-def row_groups(M: int, mr: int, mc: int, nb: int) -> list:
+def row_groups(M: int, mr: int, mc: int, nb: int) -> list[tuple[list[RowGroup], tuple[str, int] | None]]:
     """[(row tiles, row-block loop)]: ``nb`` blocks of ``mc`` rows (a sequential loop), then the
     rows after them in mr-row tiles and one narrower tile for the rows left over."""
     groups = []
     if nb:
-        groups.append(([(mr, mul(Var("ib"), c(mc)), mc // mr)], ("ib", nb)))
+        groups.append(([RowGroup(mr, mul(Var("ib"), c(mc)), mc // mr)], ("ib", nb)))
     lo = nb * mc
-    rest = [(mr, c(lo), (M - lo) // mr)] if (M - lo) // mr else []
+    rest = [RowGroup(mr, c(lo), (M - lo) // mr)] if (M - lo) // mr else []
     if (M - lo) % mr:
-        rest.append(((M - lo) % mr, c(lo + (M - lo) // mr * mr), 1))
+        rest.append(RowGroup((M - lo) % mr, c(lo + (M - lo) // mr * mr), 1))
     if rest:
         groups.append((rest, None))
     return groups
 
 
-def tile_nest(n: Nest, rows: list[tuple[int, Expr, int]], nv: int, vw: int, vt: str, pk: str, bl: Expr,
-               NJ: int, K: int, R: Var, xpack, panels: tuple[int, int, int], local=None, block=None,
-               nr: int = 0) -> Stmt:
-    """for p..., jo in [lo, hi): for each (mr, i0, MI) of ``rows``, io < MI: an mr x (nv*vw) tile of
-    rows i0 + io*mr + [0, mr) on panel jo; ``panels`` = (lo, hi, columns stored of each panel);
-    ``nr``: the width of a full panel (its packed row stride and column step), nv*vw by default.
-    Panels come from the NJ packed panels of ``pk`` or, with ``local`` (the statements that pack
-    panel jo into ``ypanel``), are packed at the top of each jo iteration.
-    ``xpack`` = (buffer, batch index, tiles, row width): read X from its packed panels.
-    ``block`` = (variable, count): a sequential loop of row blocks around the panel loop."""
-    jlo, jhi, width = panels
-    loops = panel_body(n, rows, nv, vw, vt, pk, bl, NJ, K, R, xpack, width, local, nr or nv * vw)
-    return wrap(n, For("jo", c(jlo), c(jhi), tuple(loops), parallel=True), block)
+def tile_nest(plan: ContractionPlan, rows: list[RowGroup], nv: int, cols: tuple[int, int, int], local=None,
+              block: tuple[str, int] | None = None) -> Stmt:
+    """for p..., jo in [lo, hi) (``cols`` = (lo, hi, columns stored of each panel)): for each
+    group of ``rows``, io < count: an mr x (nv*vw) tile on panel jo. Panels come from the
+    packed panels of ``plan`` or, with ``local`` (the statements that pack panel jo into
+    ``ypanel``), are packed at the top of each jo iteration. ``block`` = (variable, count): a
+    sequential loop of row blocks around the panel loop."""
+    jlo, jhi, width = cols
+    loops = panel_body(plan, rows, nv, width, local)
+    return wrap(plan.n, For("jo", c(jlo), c(jhi), tuple(loops), parallel=True), block)
 
 
 def packed_at(bl: Expr, NJ: int, jo: Expr, K: int, r: Expr, nr: int) -> Expr:
@@ -139,28 +133,27 @@ def packed_at(bl: Expr, NJ: int, jo: Expr, K: int, r: Expr, nr: int) -> Expr:
     return mul(add(mul(add(mul(bl, c(NJ)), jo), c(K)), r), c(nr))
 
 
-def panel_body(n: Nest, rows, nv: int, vw: int, vt: str, pk: str, bl: Expr, NJ: int, K: int, R: Var, xpack,
-                width: int, local, nr: int, kblock=None, ahead: tuple[str, Expr] | None = None) -> list[Stmt]:
-    """The statements for one panel jo (see ``tile_nest``): nv vectors of each packed row of nr.
-    ``ahead``: (buffer, index) where panel jo + 1's row R starts, for the row tiles to prefetch it
-    (``row_tiles``)."""
+def panel_body(plan: ContractionPlan, rows: list[RowGroup], nv: int, width: int, local,
+               kblock: KBlock | None = None, ahead: At | None = None) -> list[Stmt]:
+    """The statements for one panel jo (see ``tile_nest``): nv vectors of each packed row of nr,
+    the epilogue on ``width`` columns. ``ahead``: where panel jo + 1's row R starts, for the
+    row tiles to prefetch it (``row_tiles``)."""
     if local is None:  # Yp[bl][jo][R][0] (R from the reduction block's start r0)
-        Rg = R if kblock is None else add(kblock[0], R)
-        panel = packed_at(bl, NJ, Var("jo"), K, Rg, nr)
-        ybuf = pk
+        Rg = plan.R if kblock is None else add(kblock.r0, plan.R)
+        src = At(plan.packed, packed_at(plan.bl, plan.panels.total, Var("jo"), plan.K, Rg, plan.nr))
     else:
-        panel, ybuf = mul(R, c(nr)), "ypanel"
+        src = At("ypanel", mul(plan.R, c(plan.nr)))
     loops: list[Stmt] = []
-    for r in rows:  # (mr, i0, MI) or, a part of the rows (``split_rows``), (mr, i0, MI, lo, hi)
-        f = row_tiles(n, *r[:3], nv, vw, vt, ybuf, panel, K, R, xpack, width, nr, kblock, ahead=ahead)
-        loops.append(replace(f, lo=r[3], hi=r[4]) if len(r) == 5 else f)
+    for g in rows:
+        f = row_tiles(plan, g, nv, src, width, kblock, ahead=ahead)
+        loops.append(replace(f, lo=g.lo, hi=g.hi) if g.lo is not None else f)
     if local is not None:
-        size = K if kblock is None else kblock[1]
-        loops = [Alloc("ypanel", "float32", size * nr), *local, *[replace(f, parallel=False) for f in loops]]
+        size = plan.K if kblock is None else kblock.kc
+        loops = [Alloc("ypanel", "float32", size * plan.nr), *local, *[replace(f, parallel=False) for f in loops]]
     return loops
 
 
-def wrap(n: Nest, main: Stmt, block) -> Stmt:
+def wrap(n: Nest, main: Stmt, block: tuple[str, int] | None) -> Stmt:
     """The panel loop inside the row-block loop (if any) inside the batch loops."""
     if block is not None:
         main = For(block[0], c(0), c(block[1]), (main,), parallel=False)
@@ -169,30 +162,28 @@ def wrap(n: Nest, main: Stmt, block) -> Stmt:
     return main
 
 
-def row_tiles(n: Nest, mr: int, i0: Expr, MI: int, nv: int, vw: int, vt: str, ybuf: str, panel: Expr, K: int,
-               R: Var, xpack, width: int, step: int, kblock=None, tout=None, xhoisted: bool = False,
-               ahead: tuple[str, Expr] | None = None) -> For:
-    """io < MI: the mr x (nv*vw) register tile of rows i0 + io*mr + [0, mr) times panel jo (at
-    ``panel`` in ``ybuf``, columns jo*step + [0, nv*vw)), then its epilogue on the first
-    ``width`` columns. ``kblock`` = (r0, kc, reload, final, cacc, ldc): the reduction rows
-    r0 + [0, kc) only (the panel holds those), the tile loaded from ``cacc`` (row stride ldc)
-    when ``reload`` holds and stored there unless ``final`` holds (then the epilogue runs).
-    ``tout`` = (buffer, columns): the raw tile stored there row-major instead (``out_kernel``
-    applies the epilogue). ``xhoisted``: the tile's rows of X were copied whole into ``xrows``
-    by the caller (``copy_x_rows``). ``ahead``: (buffer, index) of the start of row R of the next
-    panel (in Y, or in the cached packed panels), whose cache lines the first row tiles prefetch
-    (one line per reduction step each)."""
+def row_tiles(plan: ContractionPlan, g: RowGroup, nv: int, src: At, width: int, kblock: KBlock | None = None,
+              tout: RowMajor | None = None, ahead: At | None = None) -> For:
+    """io < count: the mr x (nv*vw) register tile of rows i0 + io*mr + [0, mr) of ``g`` times
+    panel jo (row R of it at ``src``, columns jo*nr + [0, nv*vw)), then its epilogue on the
+    first ``width`` columns. ``kblock``: the reduction rows of one block only (the panel holds
+    those), the tile reloaded and kept between blocks (see ``KBlock``). ``tout``: the raw tile
+    stored there row-major instead (``out_kernel`` applies the epilogue). ``ahead``: the start
+    of row R of the next panel (in Y, or in the cached packed panels), whose cache lines the
+    first row tiles prefetch (one line per reduction step each)."""
+    n, K, R, vw, vt, xpack, line = plan.n, plan.K, plan.R, plan.vw, plan.vt, plan.xpack, plan.line
+    mr, i0, MI, step = g.mr, g.i0, g.count, plan.nr
     nr = nv * vw
     i = n.iloop.var
     rn = [f.var for f in n.rloops]
     jo, io, jj, ii = "jo", "io", "jj", "ii"
-    r0, kc = (c(0), K) if kblock is None else kblock[:2]
+    r0, kc = (c(0), K) if kblock is None else (kblock.r0, kblock.kc)
     Rg = add(r0, R) if kblock is not None else R  # the reduction index in the whole of K
     accs = [[f"acc{x}_{y}" for y in range(nv)] for x in range(mr)]  # (C names b<n> are buffers)
     # each y vector meets mr broadcasts: pinned to a register (gcc folds the load into every
     # FMA otherwise, a 512-bit load per FMA; see codegen.c's PT_REG)
     pin = in_register if mr > 1 else (lambda e: e)
-    inner: list[Stmt] = [Let(f"yv{y}", vt, pin(Load(ybuf, add(panel, c(y * vw)), vt))) for y in range(nv)]
+    inner: list[Stmt] = [Let(f"yv{y}", vt, pin(Load(src.buf, add(src.index, c(y * vw)), vt))) for y in range(nv)]
     xr = in_group(n.x, rn, n.rloops, Rg)
     row0 = add(i0, mul(Var(io), c(mr)))
     chunked = kblock is None and isinstance(kc, int) and kc > 2 * SUM_CHUNK
@@ -201,16 +192,17 @@ def row_tiles(n: Nest, mr: int, i0: Expr, MI: int, nv: int, vw: int, vt: str, yb
     # (tiles of 2 vectors only: 9 x 3 reads X a third less often per FMA and lost by the copy,
     # 2048^3 211 -> 185 GFLOP/s, where 14 x 2 went 151 -> 179; a 1-vector tile would copy as
     # many floats as it multiplies)
+    xhoisted = g.x_copied
     if xhoisted:  # (R runs over the block, xrows holds the block's columns from 0)
-        xl = kc + PREFETCH_LINE
+        xl = kc + line
     else:
-        xl = (SUM_CHUNK if chunked else kc) + PREFETCH_LINE if copies_rows(xr, i, R, mr, nv, xpack) else 0
+        xl = (SUM_CHUNK if chunked else kc) + line if copies_rows(plan, xr, mr, nv) else 0
     xlo: Expr = mul(Var("rc"), c(SUM_CHUNK)) if chunked and not xhoisted else c(0)
     for x in range(mr):
         if xl:
             xval: Expr = Load("xrows", add(c(x * xl), add(R, mul(xlo, c(-1)))), "float32")
         elif xpack is not None:
-            xb, xbl, mt, mrf = xpack
+            xb, xbl, mt, mrf = xpack.buf, xpack.bl, xpack.tiles, xpack.rows
             tidx = add(Op("floordiv", (i0, c(mrf)), "int64") if not isinstance(i0, Const) else c(i0.value // mrf),
                        Var(io))
             xval: Expr = Load(xb, add(mul(add(mul(add(mul(xbl, c(mt)), tidx), c(K)), Rg), c(mrf)), c(x)), "float32")
@@ -224,22 +216,22 @@ def row_tiles(n: Nest, mr: int, i0: Expr, MI: int, nv: int, vw: int, vt: str, yb
     if MI > 1 and xpack is None:
         pf += next_rows_prefetch(xr, i, row0, mr, R, Rg)
     if MI > 1 and tout is None and output_along_rows(n):
-        pf += next_output_prefetch(n, add(row0, c(mr)), mul(Var(jo), c(step)), width, kc, R)
+        pf += next_output_prefetch(n, add(row0, c(mr)), mul(Var(jo), c(step)), width, kc, R, line)
     if pf:
-        inner.append(If(Op("eq", (Op("remainder", (R, c(PREFETCH_LINE)), "int64"), c(0)), "bool"), tuple(pf)))
-    if ahead is not None and MI >= -(-step // PREFETCH_LINE):
+        inner.append(If(Op("eq", (Op("remainder", (R, c(line)), "int64"), c(0)), "bool"), tuple(pf)))
+    if ahead is not None and MI >= -(-step // line):
         # the next panel's rows lie a page or more apart: packed at the top of the next panel
         # they are misses the hardware prefetchers do not follow; tile io < (lines of a panel
         # row) fetches line io of each row to the L2 while it computes (a GPT-2 MLP's
         # 128 x 768 -> 3072, weight [768, 3072]: 3.0 -> 2.77 ms in C, Zen 4, two threads)
-        lines = -(-step // PREFETCH_LINE)
+        lines = -(-step // line)
         inner.append(If(Op("lt", (Var(io), c(lines)), "bool"),
-                        (Prefetch(ahead[0], add(ahead[1], mul(Var(io), c(PREFETCH_LINE))), 2),)))
+                        (Prefetch(ahead.buf, add(ahead.index, mul(Var(io), c(line))), 2),)))
     tile = "ctile"
     body: list[Stmt] = [Alloc(tile, "float32", mr * nr)]
     body += [Let(accs[x][y], vt, Op("broadcast", (Const(0.0, "float32"),), vt)) for x in range(mr) for y in range(nv)]
     if kblock is not None:
-        reload, final, cacc, ldc = kblock[2:]
+        reload, final, cacc, ldc = kblock.reload, kblock.final, kblock.acc, kblock.ldc
 
         def at(x: int, y: int) -> Expr:
             return add(add(mul(add(row0, c(x)), c(ldc)), mul(Var(jo), c(step))), c(y * vw))
@@ -283,7 +275,7 @@ def row_tiles(n: Nest, mr: int, i0: Expr, MI: int, nv: int, vw: int, vt: str, yb
     epi = epilogue_store(n, value, ivar, jvar)
     if tout is not None:  # the finished values, row-major: ``out_kernel`` only moves them
         done.append(For(ii, c(0), c(mr), (For(jj, c(0), c(width), (
-            Store(tout[0], add(mul(ivar, c(tout[1])), jvar), epi.value),)),)))
+            Store(tout.buf, add(mul(ivar, c(tout.cols)), jvar), epi.value),)),)))
     elif output_along_rows(n):
         # the output runs along the tile's rows (a swapped orientation, see ``orient``): the
         # epilogue walks them innermost, a row segment of mr at a time
@@ -306,18 +298,15 @@ def row_tiles(n: Nest, mr: int, i0: Expr, MI: int, nv: int, vw: int, vt: str, yb
     return For(io, c(0), c(MI), tuple(body), parallel=True)
 
 
-PREFETCH_LINE = 16  # floats per 64-byte cache line
 SUM_CHUNK = 128  # reductions per partial sum of a register tile (``row_tiles``)
 
-
-L1_WAY_BYTES = 4096  # the span of one way of the L1 (32 KB 8-way, 48 KB 12-way): addresses this far apart share a set
 ALIAS_ROWS = 4  # rows of a tile in one L1 set from which they evict each other's lines (8 ways)
 
 
-def aliased_rows(xr: Expr, i: str, R: Var, mr: int) -> bool:
-    """Whether X, read in place along the reduction, has rows so far apart (a multiple of 4 KB
-    for K = 1024, 2048, 3072 floats) that more than ``ALIAS_ROWS`` of a tile's mr rows map to
-    one L1 set: their lines, one per row at a time, then evict each other before their 16
+def aliased_rows(xr: Expr, i: str, R: Var, mr: int, machine: CPUMachine) -> bool:
+    """Whether X, read in place along the reduction, has rows so far apart (a multiple of the
+    span of one L1 way, 4 KB for 32 KB 8-way and 48 KB 12-way caches: K = 1024, 2048, 3072
+    floats) that more than ``ALIAS_ROWS`` of a tile's mr rows map to one L1 set: their lines, one per row at a time, then evict each other before their 16
     floats are used (128 x 3072 x 768 linear on two threads: 106-150 GFLOP/s at K = 3072, 190
     at K = 3040)."""
     if not isinstance(xr, Load):
@@ -325,17 +314,17 @@ def aliased_rows(xr: Expr, i: str, R: Var, mr: int) -> bool:
     fs = linear_form(xr.index)
     if fs is None or fs[0].get(R.name, 0) != 1:
         return False
-    s = fs[0].get(i, 0) * 4
+    s = fs[0].get(i, 0) * FLOAT_BYTES
     sets: dict[int, int] = {}
     for x in range(mr):
-        k = (x * s) % L1_WAY_BYTES // 64
+        k = (x * s) % machine.l1_way_bytes // machine.cache_line
         sets[k] = sets.get(k, 0) + 1
     return max(sets.values()) > ALIAS_ROWS
 
 
-def copies_rows(xr: Expr, i: str, R: Var, mr: int, nv: int, xpack) -> bool:
-    """Whether a tile of mr x nv vectors copies its rows of X into ``xrows`` (``row_tiles``)."""
-    return xpack is None and nv == 2 and aliased_rows(xr, i, R, mr)
+def copies_rows(plan: ContractionPlan, xr: Expr, mr: int, nv: int) -> bool:
+    """Whether a tile of mr x nv vectors copies its rows of X (``xr``) into ``xrows`` (``row_tiles``)."""
+    return plan.xpack is None and nv == 2 and aliased_rows(xr, plan.n.iloop.var, plan.R, mr, plan.machine)
 
 
 def rows_copy(xr: Expr, i: str, R: Var, row0: Expr, mr: int, xl: int, lo: Expr, hi: Expr) -> For:
@@ -359,14 +348,14 @@ def next_rows_prefetch(xr: Expr, i: str, row0: Expr, mr: int, R: Var, Rg: Expr) 
     return [Prefetch(xr.buf, subst_vars(xr.index, {i: add(row0, c(mr + x))})) for x in range(mr)]
 
 
-def next_output_prefetch(n: Nest, inext: Expr, j0: Expr, width: int, kc: int, R: Var) -> list[Stmt]:
+def next_output_prefetch(n: Nest, inext: Expr, j0: Expr, width: int, kc: int, R: Var, line: int) -> list[Stmt]:
     """Prefetches for writing of the output lines the next row tile's epilogue stores into,
     spread over this tile's reduction (one slot per cache line of it, see above), for a tile
     whose output runs along its rows: it writes mr floats into each of ``width`` output rows
     (columns j0 + jj), rows usually far apart, and the store buffer waited on their misses
     (BERT's LM head kernel, two threads: 25.8 -> 22.4 ms in C)."""
-    per = -(-width // max(1, kc // PREFETCH_LINE))  # output rows per slot
-    slot = Op("floordiv", (R, c(PREFETCH_LINE)), "int64")
+    per = -(-width // max(1, kc // line))  # output rows per slot (``line``: floats per cache line)
+    slot = Op("floordiv", (R, c(line)), "int64")
     out: list[Stmt] = []
     for t in range(per):
         jj = add(mul(slot, c(per)), c(t)) if per > 1 else slot
@@ -375,42 +364,42 @@ def next_output_prefetch(n: Nest, inext: Expr, j0: Expr, width: int, kc: int, R:
     return out
 
 
-def out_kernel(k: Kernel, n: Nest, tbuf: str, M: int, N: int, vw: int = 0) -> Kernel:
+def out_kernel(k: Kernel, n: Nest, tbuf: str, M: int, N: int, vw: int, line: int) -> Kernel:
     """The output of a nest whose output runs along its rows, from the finished tiles in
     ``tbuf`` (M x N, row-major, epilogue applied by the tiles). Tile stores straight to the
     output put mr-element pieces into rows a multiple of 2 KB apart, all in one or two L1 sets
-    (a C experiment: 4.8 -> 3.6 ms for the 128x3072x768 linear's kernel). Here 16 output rows
-    (16 columns j of the tiles, one cache line of each row of ``tbuf``) are written at a time,
-    in order along them: 16 write streams, ``tbuf`` read once a line at a time (one output row
+    (a C experiment: 4.8 -> 3.6 ms for the 128x3072x768 linear's kernel). Here ``line`` output
+    rows (as many columns j of the tiles, one cache line of each row of ``tbuf``) are written at
+    a time, in order along them: ``line`` write streams, ``tbuf`` read once a line at a time (one output row
     at a time read ``tbuf`` down its columns: 0.39 ms for BERT's 128 x 3072)."""
     def move(j: Expr) -> Stmt:
         idx = epilogue_store(n, Const(0.0, "float32"), Var("i"), j).index
         return Store(n.store.buf, idx, Load(tbuf, add(mul(Var("i"), c(N)), j), "float32"))
 
-    nb = N // PREFETCH_LINE
+    nb = N // line
     body: list[Stmt] = []
     oidx = epilogue_store(n, Const(0.0, "float32"), Var("i"), Var("j")).index
     lf = linear_form(oidx)
-    if nb and vw and PREFETCH_LINE % vw == 0 and M % vw == 0 and vw & (vw - 1) == 0 \
+    if nb and vw and line % vw == 0 and M % vw == 0 and vw & (vw - 1) == 0 \
             and lf is not None and lf[0].get("i") == 1:
         # vw x vw blocks transposed in registers (affine.transpose): vector loads along the
         # temp's rows, vector stores along the output's: 128 x 768 x 3072 linear's out kernel
         # 0.30 -> 0.14 ms, the linear 2.50 -> 2.29 ms on two threads
         vt = vector_type("float32", vw)
-        j0 = add(mul(Var("jb"), c(PREFETCH_LINE)), mul(Var("tb"), c(vw)))
+        j0 = add(mul(Var("jb"), c(line)), mul(Var("tb"), c(vw)))
         reg = transposed_block(
             vw, vt,
             lambda k: Load(tbuf, add(mul(add(mul(Var("ib"), c(vw)), c(k)), c(N)), j0), vt),
             lambda k, val: Store(n.store.buf, subst_vars(oidx, {"i": mul(Var("ib"), c(vw)), "j": add(j0, c(k))}),
                                  val))
         body.append(For("jb", c(0), c(nb), (For("ib", c(0), c(M // vw), (
-            For("tb", c(0), c(PREFETCH_LINE // vw), tuple(reg)),)),), parallel=True))
+            For("tb", c(0), c(line // vw), tuple(reg)),)),), parallel=True))
     elif nb:
-        j = add(mul(Var("jb"), c(PREFETCH_LINE)), Var("t"))
-        body.append(For("jb", c(0), c(nb), (For("i", c(0), c(M), (For("t", c(0), c(PREFETCH_LINE), (move(j),)),)),),
+        j = add(mul(Var("jb"), c(line)), Var("t"))
+        body.append(For("jb", c(0), c(nb), (For("i", c(0), c(M), (For("t", c(0), c(line), (move(j),)),)),),
                         parallel=True))
-    if N % PREFETCH_LINE:
-        body.append(For("j", c(nb * PREFETCH_LINE), c(N), (For("i", c(0), c(M), (move(Var("j")),)),), parallel=True))
+    if N % line:
+        body.append(For("j", c(nb * line), c(N), (For("i", c(0), c(M), (move(Var("j")),)),), parallel=True))
     return Kernel(f"{k.name}_out", tuple(body), f"epilogue of {k.origin}"[:160])
 
 
@@ -421,15 +410,19 @@ def output_along_rows(n: Nest) -> bool:
     return fs is not None and fs[0].get("ii", 0) == 1 and fs[0].get("jj", 0) != 1
 
 
-def transposed_pack(buf: str, idx: Expr, pval: Load, r: str, K: int, nr: int, vw: int, vt: str,
-                     jj: str, cols: int | None = None) -> tuple[Stmt, ...]:
+def transposed_pack(dst: At, pval: Load, loops: tuple[str, str], K: int, nr: int, vw: int,
+                    cols: int | None = None) -> tuple[Stmt, ...]:
     """A panel of a Y that is contiguous along the reduction and strided along the columns
     (the transposed weight of a linear layer): blocks of vw reductions x nr columns go through
     a local tile, read as nr vector loads along the reduction and written out a panel row at a
     time (a strided element gather measured 1.8 ms of a 4.3 ms 128x768x3072 linear); when the
     columns are whole vectors, vw x vw blocks are transposed in registers instead (128 x 3072
     activations: 79 -> 48 us). ``cols``: the columns that exist (a partial last panel), zeros
-    after them."""
+    after them. ``dst``: where element (r, jj) of the panel goes, ``loops`` = (r, jj): the names
+    of the reduction and column variables in ``dst.index`` and ``pval``."""
+    buf, idx = dst.buf, dst.index
+    r, jj = loops
+    vt = vector_type("float32", vw)
     rb, t = "rb", "t"
     kb = K // vw
     w = nr if cols is None else cols

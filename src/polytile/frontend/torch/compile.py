@@ -46,14 +46,16 @@ class Segment:
     native: Any = None
     out_nodes: list = field(default_factory=list)  # fx nodes whose values leave the segment
     out_map: list = field(default_factory=list)  # per out node: int | tuple of (int | python value)
+    device: str | None = None  # torch device type of its inputs: picks the backend
 
     def external(self, fx_node, value, static: bool = False) -> Node:
         """IR input for a value produced outside this segment (``static``: a parameter or
         buffer, see ``TensorSpec.static``)."""
         if not isinstance(value, torch.Tensor):
             raise Unsupported(f"non-tensor input {fx_node} ({type(value).__name__})")
-        if value.device.type != "cpu":
-            raise Unsupported(f"tensor on {value.device}")
+        if self.device not in (None, value.device.type):
+            raise Unsupported(f"inputs on {self.device} and on {value.device.type}")
+        self.device = value.device.type
         spec = replace(_spec_of(value), static=static)
         if any(s < 0 for s in spec.strides):
             raise Unsupported("negative strides")
@@ -298,7 +300,7 @@ def _finish_segment(seg: Segment, options: Options, name: str, dumper, placehold
     graph = b.graph(outputs)
     labels = [f"input {placeholders.index(i)} ({i.name})" if i in placeholders else f"value {i.name}"
               for i in seg.inputs]
-    seg.native = compile_graph_ir(graph, seg.specs, options, name, dumper, labels)
+    seg.native = compile_graph_ir(graph, seg.specs, options, name, dumper, labels, device=seg.device or "cpu")
 
 
 def _arg_count_error(n, args):

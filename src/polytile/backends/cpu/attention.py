@@ -23,7 +23,7 @@ a scalar expf per row, and the o *= alpha pass moves into the load of the output
 tile. Measured against the row form on this Xeon (two threads): 1x12 L512 D64 3.30 -> 3.03 ms,
 8x12 L128 2.26 -> 1.97, 1x12 L1024 causal 6.83 -> 6.31, 1x12 L197 0.69 -> 0.65.
 
-The score matrix exists only as the BR x BC tile ``s``. Tile sizes come from the Target:
+The score matrix exists only as the BR x BC tile ``s``. Tile sizes come from the CPUMachine:
 BC from the L1 size, the register rows from the vector registers, BR so that the row
 state fits in a quarter of the L2 and there are at least two tasks per core. (Measured on
 an AVX-512 Xeon: summing each row through a vector accumulator and its lanes, or the row
@@ -35,12 +35,12 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from ..graph.ir import Node
-from ..target import Target
-from .transpose import transposed_block
-from .ir import (INDEX, Alloc, Assign, Const, Expr, For, If, Let, Load, Op, Stmt, Store, Var, add, c, in_register,
+from ...graph.ir import Node
+from .machine import CPUMachine
+from ...affine.transpose import transposed_block
+from ...affine.ir import (INDEX, Alloc, Assign, Const, Expr, For, If, Let, Load, Op, Stmt, Store, Var, add, c, in_register,
                  mul, vector_type)
-from .linear import linear_form
+from ...affine.linear import linear_form
 
 F32 = "float32"
 NEG_INF = Const(-math.inf, F32)
@@ -59,7 +59,7 @@ def _pow2_at_most(x: int) -> int:
     return 1 << (max(1, x).bit_length() - 1)
 
 
-def tile_sizes(t: Target, L: int, S: int, D: int, Dv: int, tasks_outside: int, threads: int) -> dict:
+def tile_sizes(t: CPUMachine, L: int, S: int, D: int, Dv: int, tasks_outside: int, threads: int) -> dict:
     """BR, BC, register rows RQ (scores) and RV (output), lanes VW, padded Dv."""
     vw = t.lanes(4)
     dvp = -(-Dv // vw) * vw
@@ -85,7 +85,7 @@ def tile_sizes(t: Target, L: int, S: int, D: int, Dv: int, tasks_outside: int, t
 COLS_MIN_ROWS = 32  # from this many query rows the score tile is held key-major (see cols_tile_sizes)
 
 
-def cols_tile_sizes(t: Target, L: int, S: int, D: int, Dv: int, tasks_outside: int, threads: int) -> dict:
+def cols_tile_sizes(t: CPUMachine, L: int, S: int, D: int, Dv: int, tasks_outside: int, threads: int) -> dict:
     """The key-major form: BR query rows (a multiple of the lanes: queries run along the
     vectors), BC keys, RK key rows of the score register tile, RV query rows of the output one."""
     ts = tile_sizes(t, L, S, D, Dv, tasks_outside, threads)
@@ -101,7 +101,7 @@ def cols_tile_sizes(t: Target, L: int, S: int, D: int, Dv: int, tasks_outside: i
     return {**ts, "BR": br, "RK": min(rk, ts["BC"]), "RV": min(ts["RV"], br)}
 
 
-def lower_attention(b, n: Node, target: Target, threads: int) -> tuple[list[Stmt], list[Stmt]]:
+def lower_attention(b, n: Node, target: CPUMachine, threads: int) -> tuple[list[Stmt], list[Stmt]]:
     """(pack, main) statements of the attention of node ``n`` (see the module docstring):
     ``pack`` writes K^T tiles into a new temp [batch][S/BC][D][BC] and V into another
     [batch][S'][Dv'] (zeros past S and Dv: as large as K and V, not the scores) once per batch

@@ -1,0 +1,96 @@
+"""The CPU backend: C with OpenMP and GCC vector extensions, built by the system C compiler and
+loaded with ctypes.
+
+Its machine description is ``machine.CPUMachine``; it lowers attention itself
+(``attention.lower_attention``: a tiled online-softmax nest sized from the caches); its
+scheduling passes register-tile and pack contractions, tile transposes, make loop bounds
+exact, coalesce loops and assign OpenMP parallel loops; ``emit`` plans the memory, renders C
+(``codegen.c``), builds a shared object (``runtime.cc``, cached) and loads it
+(``runtime.loader.NativeGraph``)."""
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, Mapping
+
+from ... import counters as stats
+from ...affine.ir import buffers_used
+from ...codegen.c import UNIT_MARK, render
+from ...runtime.cache import discard
+from ...runtime.cc import build_shared_object
+from ...runtime.loader import NativeGraph
+from ...runtime.memory_plan import plan_memory
+from ...transform import (bounds, cache_static, coalesce, hoist, interchange, parallelize, tile_contractions,
+                          tile_transposes)
+from .. import Backend, EmitRequest, Pass
+from .attention import lower_attention
+from .machine import CPUMachine, resolve
+
+SINK_TILE = 512  # iterations of a sunk parallel loop's tile (interchange.sink_parallel_loops)
+
+
+class CPUBackend(Backend):
+    name = "cpu"
+    device = "cpu"
+
+    def machine(self, overrides: Mapping[str, Any] | None) -> CPUMachine:
+        return resolve(overrides)
+
+    def op_lowerings(self, machine: CPUMachine, options) -> dict:
+        def attention(b, n):
+            pack, main = lower_attention(b, n, machine, options.threads)
+            if pack:  # the key-major form reads K and V in place when it can
+                b.emit(n, pack, f"pack K, V for {n.op}{list(n.shape)}")
+            b.emit(n, main)
+
+        return {"attention": attention}
+
+    def passes(self, machine: CPUMachine, options) -> list[Pass]:
+        o = options
+        return [
+            ("tile_contractions", lambda p: tile_contractions.tile_contractions(p, machine, prefetch=o.prefetch)
+             if o.tile_contractions else p),
+            ("tile_transposes", lambda p: tile_transposes.tile_transposes(p, machine.lanes(4))),
+            ("sink_parallel_loops", lambda p: interchange.sink_parallel_loops(p, tile=SINK_TILE)),
+            ("conditions_to_bounds", bounds.conditions_to_bounds),
+            ("hoist_divisors", hoist.hoist_divisors),
+            ("coalesce_loops", coalesce.coalesce_loops),
+            ("check_parallel_again", parallelize.check_parallel),
+            ("assign_omp", lambda p: parallelize.assign_omp(p, threads=o.threads, min_work=o.parallel_min_work)),
+            ("cache_static_kernels", cache_static.cache_static_kernels),  # (no static buffers: no-op)
+        ]
+
+    def emit(self, prog, request: EmitRequest) -> NativeGraph:
+        o = request.options
+        t0 = time.perf_counter()
+        plan = plan_memory(prog)
+        srcs = render(prog, plan.offsets, units=max(1, min(o.threads, os.cpu_count() or 1)), profile=o.profile)
+        t1 = time.perf_counter()
+        stats.add_phase("memory plan and C rendering", t1 - t0)
+        if request.dumper:
+            request.dumper.write("kernel.c", UNIT_MARK.join(srcs))
+        so, hit = build_shared_object(srcs, o)
+        stats.bump("cache_hits" if hit else "cache_misses")
+        stats.bump("intermediate_bytes", plan.temp_bytes)
+        stats.bump("arena_bytes", plan.arena_bytes)
+        stats.bump("cached_kernels", sum(1 for k in prog.kernels if k.cached))
+        stats.bump("cache_bytes", plan.cache_bytes)
+        cached_reads = {b for k in prog.kernels if k.cached for b in buffers_used(k)[0]}
+        cached_inputs = tuple(sorted(b.index for b in prog.buffers if b.kind == "input" and b.name in cached_reads))
+
+        def load(path):
+            return NativeGraph(path, request.input_specs, request.output_specs, plan.arena_bytes, o.threads,
+                               name=request.name, input_labels=request.input_labels, reuse_outputs=o.reuse_outputs,
+                               cache_bytes=plan.cache_bytes, cached_inputs=cached_inputs)
+
+        try:
+            ng = load(so)
+        except OSError:  # a cached object that does not load: built again, once
+            if not hit:
+                raise
+            discard(so)
+            so, _ = build_shared_object(srcs, o)
+            ng = load(so)
+        stats.add_phase("C compile and load", time.perf_counter() - t1)
+        ng.memory_plan = plan
+        return ng
