@@ -8,12 +8,13 @@ import subprocess
 import tempfile
 
 from ..options import Options
-from ..target import Target, detect
+from ..backends.cpu.machine import CPUMachine, detect
+from ..codegen.c import FMA_ATTRIBUTE
 
 _SRC = r"""
 #include <omp.h>
 typedef float vf __attribute__((vector_size(%(vb)d)));
-double pt_peak(long iters, int threads) {
+__attribute__((%(fma)s)) double pt_peak(long iters, int threads) {
   double t0 = omp_get_wtime();
   float sink = 0;
   #pragma omp parallel num_threads(threads) reduction(+:sink)
@@ -34,7 +35,7 @@ double pt_peak(long iters, int threads) {
 """
 
 
-def fma_peak(threads: int, target: Target | None = None, options: Options | None = None,
+def fma_peak(threads: int, target: CPUMachine | None = None, options: Options | None = None,
              iters: int = 20_000_000) -> float:
     """FLOP/s of the FMA loop on ``threads`` threads (best of three)."""
     t = target or detect()
@@ -49,6 +50,8 @@ def fma_peak(threads: int, target: Target | None = None, options: Options | None
         "body": "\n".join(f"      {a} = {a} * b + c;" for a in names),
         "sum": "\n".join(f"    s += {a};" for a in names),
         "acc": acc,
+        # multiply-adds fused as in the contraction kernels (the default flags keep them apart)
+        "fma": FMA_ATTRIBUTE,
     }
     with tempfile.TemporaryDirectory(prefix="polytile-peak-") as d:
         c, so = os.path.join(d, "peak.c"), os.path.join(d, "peak.so")
