@@ -120,3 +120,17 @@ def test_static_schedule_is_libgomps():
     assert static_schedule([5, 1, 1, 1], 2) == 6
     assert static_schedule([2, 2, 2, 2, 2, 2, 2, 2, 2, 2], 4) == 6  # 3, 3, 2, 2 (not 3, 3, 3, 1)
     assert static_schedule([4], 2) == 4 and static_schedule([], 2) == 0
+
+
+def test_every_module_imports():
+    """A module moved or renamed leaves no stale import behind (the benchmarks included)."""
+    import importlib
+    import pkgutil
+
+    failed = {}
+    for m in pkgutil.walk_packages(polytile.__path__, "polytile."):
+        try:
+            importlib.import_module(m.name)
+        except Exception as e:  # noqa: BLE001 (reported below)
+            failed[m.name] = repr(e)
+    assert not failed
