@@ -23,13 +23,14 @@ def test_models_csv_is_read():
 
 def test_report_files(tmp_path):
     rs = [suite.ModelResult("timm", "a", 1, status="pass", accuracy="pass", eager_ms=10.0, inductor_ms=8.0,
-                            polytile_ms=5.0, compile_s=1.0, rounds=3, gflop=0.4),
+                            frozen_ms=6.0, polytile_ms=5.0, compile_s=1.0, rounds=3, gflop=0.4),
           suite.ModelResult("huggingface", "b", 1, status="fallback", accuracy="pass", eager_ms=10.0,
                             polytile_ms=20.0, fallbacks={"aten.flip.default": 1}, rounds=3),
           suite.ModelResult("timm", "c", 1, status="fail_compile", error="Boom: broken")]
     paths = report.write_report(rs, {"torch": "x", report.PEAK_KEY: 100.0}, str(tmp_path), "polytile bench models")
     md = open(paths["markdown"]).read()
     assert "pass rate 1/3" in md and "2.00x vs eager" in md and "1.60x vs Inductor" in md
+    assert "1.20x vs Inductor with freezing" in md
     row_a = next(line for line in md.splitlines() if "| a " in line)
     # 0.4 GFLOP at 100 GFLOP/s is 4 ms: 80% of polytile's 5 ms, and 2x under Inductor's 8 ms at best
     assert "| 0.4 " in row_a and "| 80 " in row_a and "| 2.00 " in row_a
@@ -37,6 +38,17 @@ def test_report_files(tmp_path):
     data = json.load(open(paths["json"]))
     assert [r["name"] for r in data["results"]] == ["a", "b", "c"]
     assert os.path.getsize(paths["chart"]) > 1000
+
+
+def test_inductor_frozen_compiles_with_freezing(monkeypatch):
+    """The 'inductor frozen' system: Inductor with freezing=True while dynamo compiles."""
+    import torch
+    import torch._inductor.config as cfg
+
+    seen = []
+    monkeypatch.setattr(torch, "compile", lambda m: (lambda *a: seen.append(cfg.freezing) or m(*a)))
+    call = suite._inductor_frozen(lambda x: x + 1)
+    assert call(1) == 2 and seen == [True] and cfg.freezing is False
 
 
 def test_contraction_flops_counted():

@@ -21,9 +21,11 @@ def summary(results: list[ModelResult]) -> str:
     passing = [r for r in results if r.status == "pass"]
     ge = geomean([r.speedup_eager for r in passing])
     gi = geomean([r.speedup_inductor for r in passing])
+    gf = geomean([r.speedup_frozen for r in passing])
     fmt = lambda x: f"{x:.2f}x" if x else "n/a"  # noqa: E731
+    frozen = f", {fmt(gf)} vs Inductor with freezing" if gf else ""
     return (f"pass rate {len(passing)}/{len(results)} (compiled with zero fallbacks and accurate); "
-            f"geomean speedup over the passing models: {fmt(ge)} vs eager, {fmt(gi)} vs Inductor")
+            f"geomean speedup over the passing models: {fmt(ge)} vs eager, {fmt(gi)} vs Inductor{frozen}")
 
 
 def _f(x, spec=".1f"):
@@ -41,11 +43,12 @@ def markdown(results: list[ModelResult], env: dict, command: str) -> str:
         fb = ", ".join(f"{k.replace('aten.', '')} x{v}" for k, v in sorted(r.fallbacks.items())) or "0"
         at_peak = peak_ms(r.gflop, peak)
         rows.append([r.suite, r.name, r.batch, r.status, r.accuracy[:60] or "-", _f(r.eager_ms), _f(r.inductor_ms),
-                     _f(r.polytile_ms), _f(r.speedup_eager, ".2f"), _f(r.speedup_inductor, ".2f"),
+                     _f(r.frozen_ms), _f(r.polytile_ms), _f(r.speedup_eager, ".2f"), _f(r.speedup_inductor, ".2f"),
+                     _f(r.speedup_frozen, ".2f"),
                      _f(r.gflop), _f(_ratio(100 * at_peak, r.polytile_ms) if at_peak else None, ".0f"),
                      _f(_ratio(r.inductor_ms, at_peak), ".2f"), _f(r.compile_s), _f(r.inductor_compile_s), fb, r.rounds])
-    table = format_table(["suite", "model", "batch", "status", "accuracy", "eager ms", "inductor ms", "polytile ms",
-                          "vs eager", "vs inductor", "GFLOP", "% of peak", "ceiling vs inductor", "compile s",
+    table = format_table(["suite", "model", "batch", "status", "accuracy", "eager ms", "inductor ms",
+                          "inductor frozen ms", "polytile ms", "vs eager", "vs inductor", "vs inductor frozen", "GFLOP", "% of peak", "ceiling vs inductor", "compile s",
                           "inductor compile s", "fallbacks", "rounds"], rows)
     failures = [f"- **{r.name}** ({r.status}): {r.error or r.accuracy or ', '.join(r.fallbacks)}"
                 for r in results if r.status != "pass"]
@@ -63,7 +66,8 @@ def markdown(results: list[ModelResult], env: dict, command: str) -> str:
     return "\n\n".join([
         "# polytile model suite", f"Command: `{command}`", "Environment:\n" + env_lines,
         "**" + summary(results) + "**",
-        "Times are medians of alternating calls (eager, polytile, Inductor, ...) after warm-up, "
+        "Times are medians of alternating calls (eager, polytile, Inductor, Inductor with "
+        "`freezing=True`: its best CPU inference mode) after warm-up, "
         "under torch.no_grad(), all with the same thread count; `rounds` is how many calls each "
         "system got (fewer for slow models, to bound the run). `GFLOP` is the contraction work of one "
         "call (matmul, bmm, convolution, attention; torch's FlopCounterMode on eager); `% of peak` is "

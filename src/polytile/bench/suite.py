@@ -31,6 +31,8 @@ class ModelResult:
     polytile_ms: float | None = None
     compile_s: float | None = None
     inductor_compile_s: float | None = None  # Inductor's first call, in the same process
+    frozen_ms: float | None = None  # Inductor with freezing=True (inference): its best CPU mode
+    frozen_compile_s: float | None = None
     fallbacks: dict = field(default_factory=dict)
     kernels: int = 0
     rounds: int = 0
@@ -45,9 +47,14 @@ class ModelResult:
     def speedup_inductor(self) -> float | None:
         return self.inductor_ms / self.polytile_ms if self.inductor_ms and self.polytile_ms else None
 
+    @property
+    def speedup_frozen(self) -> float | None:
+        return self.frozen_ms / self.polytile_ms if self.frozen_ms and self.polytile_ms else None
+
     def to_dict(self) -> dict:
         d = asdict(self)
         d["speedup_eager"], d["speedup_inductor"] = self.speedup_eager, self.speedup_inductor
+        d["speedup_frozen"] = self.speedup_frozen
         return d
 
 
@@ -65,6 +72,7 @@ def time_systems(res: ModelResult, fns: dict, eager_once: float, rounds: int, ti
     res.rounds = r
     res.eager_ms, res.polytile_ms = t["eager"] * 1e3, t["polytile"] * 1e3
     res.inductor_ms = t["inductor"] * 1e3 if "inductor" in t else None
+    res.frozen_ms = t["inductor_frozen"] * 1e3 if "inductor_frozen" in t else None
 
 
 def run_model(spec: zoo.ModelSpec, *, batch: int | None = None, threads: int = 2, rounds: int = 10,
@@ -111,11 +119,34 @@ def run_model(spec: zoo.ModelSpec, *, batch: int | None = None, threads: int = 2
                 fns["inductor"] = lambda: w(ind)
             except Exception as e:
                 res.error = "inductor failed: " + _short(e)
+            try:
+                frozen = _inductor_frozen(w.model)
+                t0 = time.perf_counter()
+                w(frozen)
+                res.frozen_compile_s = time.perf_counter() - t0
+                fns["inductor_frozen"] = lambda: w(frozen)
+            except Exception as e:
+                res.error = (res.error + "; " if res.error else "") + "inductor freezing failed: " + _short(e)
         time_systems(res, fns, eager_once, rounds, time_budget_s)
     res.status = "pass" if ok and not res.fallbacks else ("fail_accuracy" if not ok else "fallback")
     del w
     gc.collect()
     return res
+
+
+def _inductor_frozen(model):
+    """``model`` compiled by Inductor with ``freezing=True`` (parameters folded as constants and
+    weights prepacked: its best CPU inference mode), the flag set while dynamo compiles (the
+    first call and any recompile); a context switch per call, microseconds."""
+    import torch._inductor.config as cfg
+
+    compiled = torch.compile(model)
+
+    def call(*args, **kwargs):
+        with cfg.patch(freezing=True):
+            return compiled(*args, **kwargs)
+
+    return call
 
 
 def environment() -> dict[str, Any]:
