@@ -17,6 +17,7 @@ from polytile.graph.attention import causal_offset, fuse_attention
 from polytile.graph.builder import GraphBuilder
 
 from accuracy import assert_accurate, fp64_reference
+from machines import pinned
 
 # shared/bench's file when the checkout sits next to it, else the copy in tests/fixtures (so a
 # clone elsewhere still runs every config)
@@ -35,6 +36,8 @@ def _configs():
 def _run(fn, args, **opts):
     torch._dynamo.reset()
     polytile.reset_stats()
+    if "dump_dir" in opts:  # the test reads the generated code: that of the pinned machine
+        opts.setdefault("machine", pinned())
     with torch.no_grad():
         out = torch.compile(fn, backend="polytile", options={"fallback": False, **opts})(*args)
         ref = fn(*args)
