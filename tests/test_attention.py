@@ -368,3 +368,26 @@ def test_register_tile_vectors_stay_in_registers(tmp_path):
     fma = [ln for ln in asm.read_text().splitlines() if "vfmadd" in ln]
     assert len(fma) >= 16
     assert not [ln for ln in fma if "(" in ln and "{1to" not in ln], "an FMA reads its vector from memory"
+
+
+@pytest.mark.parametrize("L,S,D,Dv,causal,mask", [(1, 1024, 64, 64, False, None), (1, 333, 32, 32, True, None),
+                                                  (3, 77, 64, 40, False, "bool"), (4, 1, 16, 16, False, "add"),
+                                                  (2, 130, 128, 128, True, None)])
+def test_decoding_steps_read_k_and_v_in_place(L, S, D, Dv, causal, mask, tmp_path):
+    """A few query rows (a decoding step): the scores are dot products of K's rows read in place
+    (``dot_scores``), V is read in place when its rows are whole vectors: no pack kernel, which
+    would write K and V once for one use of each key. Partial key tiles, masks, causal, a V
+    that is packed (Dv = 40); against eager."""
+    q, k, v = torch.randn(1, 4, L, D), torch.randn(1, 4, S, D), torch.randn(1, 4, S, Dv)
+    m = None if mask is None else (torch.rand(1, 1, L, S) > 0.3 if mask == "bool" else torch.randn(1, 1, L, S))
+
+    def fn(q, k, v, m):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=m, is_causal=causal)
+
+    st = _run(fn, (q, k, v, m), dump_dir=str(tmp_path))
+    assert st["attention_fused"] == 1
+    src = next(tmp_path.rglob("*kernel.c")).read_text()
+    entry = src[src.index("int pt_entry("):src.index("int pt_refresh(")]
+    # (the pinned machine's vectors: 16 lanes; a pack may be fused into the attention kernel,
+    # the entry point's comment names it)
+    assert ("pack K, V" in entry) == (Dv % 16 != 0), entry

@@ -43,3 +43,25 @@ def transposed_block(vw: int, vt: str, load_row: Callable[[int], Expr],
         names, h, stage = new, h // 2, stage + 1
     stmts += [store_col(k, Var(names[k], vt)) for k in range(vw)]
     return stmts
+
+
+def lane_sums(vw: int, vt: str, rows: list[Expr], prefix: str = "ls") -> tuple[list[Stmt], Expr]:
+    """(statements, vector) whose lane k is the sum of the lanes of ``rows[k]`` (vw vectors of vt):
+    log2(vw) stages, each pairing vector i with i + n/2 (n: the vectors left) and adding the two
+    halves of every 2h-lane group of both (``interleave_lo``/``interleave_hi``), which halves the
+    vectors: vw - 1 pairs of shuffles and adds, for vw dot products reduced at once."""
+    assert vw >= 2 and vw & (vw - 1) == 0 and len(rows) == vw
+    stmts: list[Stmt] = []
+    cur: list[Expr] = list(rows)
+    h, stage = vw // 2, 1
+    while h >= 1:
+        half = len(cur) // 2
+        new: list[Expr] = []
+        for i in range(half):
+            x, y = cur[i], cur[i + half]
+            name = f"{prefix}{stage}_{i}"
+            stmts.append(Let(name, vt, Op("add", (Op(f"interleave_lo{h}", (x, y), vt),
+                                                  Op(f"interleave_hi{h}", (x, y), vt)), vt)))
+            new.append(Var(name, vt))
+        cur, h, stage = new, h // 2, stage + 1
+    return stmts, cur[0]

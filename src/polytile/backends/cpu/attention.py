@@ -37,7 +37,7 @@ from dataclasses import replace
 
 from ...graph.ir import Node
 from .machine import CPUMachine
-from ...affine.transpose import transposed_block
+from ...affine.transpose import lane_sums, transposed_block
 from ...affine.ir import (INDEX, Alloc, Assign, Const, Expr, For, If, Let, Load, Op, Stmt, Store, Var, add, c, in_register,
                  mul, vector_type)
 from ...affine.linear import linear_form
@@ -112,9 +112,12 @@ def lower_attention(b, n: Node, target: CPUMachine, threads: int) -> tuple[list[
     D, S = kt.shape[-2:]
     cols = L >= COLS_MIN_ROWS
     ts = (cols_tile_sizes if cols else tile_sizes)(target, L, S, D, Dv, math.prod(bd), threads)
+    bvars = [Var(f"i{k}") for k in range(len(bd))]
+    dots = not cols and _dots_form(b, (_constant_factor(kt) or (kt, None))[0], bvars, L, D, ts["VW"])
+    if dots:  # one tile of all the rows; output register tiles of rows that divide them
+        ts = {**ts, "BR": L, "RV": min(ts["RV"], L & -L)}
     BR, BC, RQ, RV, VW, DVP = (ts[k] for k in ("BR", "BC", "RQ", "RV", "VW", "DVP"))
     vt = vector_type(F32, VW)
-    bvars = [Var(f"i{k}") for k in range(len(bd))]
     it, r, d, j, x = Var("it"), Var("r"), Var("d"), Var("j"), Var("x")
     row0 = mul(it, c(BR))
     NT = -(-L // BR)
@@ -148,13 +151,14 @@ def lower_attention(b, n: Node, target: CPUMachine, threads: int) -> tuple[list[
     for k, v_ in enumerate(bvars):
         bflat = add(mul(bflat, c(bd[k])), v_)
     # the key-major form reads K in place (its elements are broadcast: any layout, grouped-query
-    # heads without a copy) and V too when its rows are contiguous and a whole number of vectors
+    # heads without a copy), the dot form too (rows of K along d); both read V in place when its
+    # rows are contiguous and a whole number of vectors
     vdirect = False
-    if cols and Dv == DVP:
+    if (cols or dots) and Dv == DVP:
         probe = b.read(v, bvars + [Var("_key"), Var("_d")])
         lf = linear_form(probe.index) if isinstance(probe, Load) else None
         vdirect = lf is not None and lf[0].get("_d") == 1
-    kbuf = "" if cols else b.temp(F32, math.prod(bd) * SP * D)
+    kbuf = "" if cols or dots else b.temp(F32, math.prod(bd) * SP * D)
     vbuf = "" if vdirect else b.temp(F32, math.prod(bd) * SP * DVP)
 
     def vrow(key: Expr, d0: int) -> Load:
@@ -219,12 +223,15 @@ def lower_attention(b, n: Node, target: CPUMachine, threads: int) -> tuple[list[
         nq = -(-width // VW)  # the last, partial tile: only the vectors that hold keys
         kt0 = mul(add(mul(add(mul(bflat, c(SP // BC)), Op("floordiv", (j0, c(BC)), INDEX)), c(D)), d), c(BC))
         srow = [[add(mul(add(mul(x, c(RQ)), c(a)), c(BC)), c(y * VW)) for y in range(nq)] for a in range(RQ)]
-        st.append(For("x", c(0), c(BR // RQ), _register_tile(
-            "s", RQ, nq, vt, For("d", c(0), c(D), ()),
-            lambda a: Load("qp", add(mul(add(mul(x, c(RQ)), c(a)), c(D)), d), F32),
-            lambda y: Load(kbuf, add(kt0, c(y * VW)), vt),
-            lambda a, y: _f("broadcast", Const(0.0, F32), dtype=vt),
-            lambda a, y, acc: Store("s", srow[a][y], acc))))
+        if dots:
+            st.append(For("r", c(0), c(BR), tuple(dot_scores(j0, width))))
+        else:
+            st.append(For("x", c(0), c(BR // RQ), _register_tile(
+                "s", RQ, nq, vt, For("d", c(0), c(D), ()),
+                lambda a: Load("qp", add(mul(add(mul(x, c(RQ)), c(a)), c(D)), d), F32),
+                lambda y: Load(kbuf, add(kt0, c(y * VW)), vt),
+                lambda a, y: _f("broadcast", Const(0.0, F32), dtype=vt),
+                lambda a, y, acc: Store("s", srow[a][y], acc))))
         # online softmax per row (rows past L hold zeros and are never stored)
         row = add(row0, r)
         sidx = add(mul(r, c(BC)), j)
@@ -257,17 +264,38 @@ def lower_attention(b, n: Node, target: CPUMachine, threads: int) -> tuple[list[
             rowwork.append(For("j", c(width), c(BC), (Store("s", sidx, Const(0.0, F32)),)))
         st.append(For("r", c(0), c(BR), (If(_lt(row, c(L)), tuple(rowwork)),) if L % BR else tuple(rowwork)))
         # o += s . V tile in register tiles of rv rows x up to PV_CHUNK vectors (see _pv_chunks)
-        vrow0 = mul(add(mul(bflat, c(SP)), add(j0, j)), c(DVP))
         for c0, nv, rv in _pv_chunks(DVP // VW, RV, BR, target.vector_registers):
             oidx = [[add(mul(add(mul(x, c(rv)), c(a)), c(DVP)), c((c0 + y) * VW)) for y in range(nv)]
                     for a in range(rv)]
             st.append(For("x", c(0), c(BR // rv), _register_tile(
                 "o", rv, nv, vt, For("j", c(0), c(width), ()),
                 lambda a, rv=rv: Load("s", add(mul(add(mul(x, c(rv)), c(a)), c(BC)), j), F32),
-                lambda y, c0=c0: Load(vbuf, add(vrow0, c((c0 + y) * VW)), vt),
+                lambda y, c0=c0: vrow(key, (c0 + y) * VW),
                 lambda a, y, oidx=oidx: Load("o", oidx[a][y], vt),
                 lambda a, y, acc, oidx=oidx: Store("o", oidx[a][y], acc))))
         return st
+
+    def dot_scores(j0: Expr, width: int) -> list[Stmt]:
+        """The dot form's scores of query row r against keys [j0, j0 + width): per VW keys, VW
+        vector accumulators along d (K's rows read in place, Q's packed row), then their lane
+        sums as one vector of VW scores (``lane_sums``). For a few query rows (decoding) a
+        packed K^T would be written and read once per key for one use."""
+        dv = Var("dv")
+        zero = _f("broadcast", Const(0.0, F32), dtype=vt)
+        out: list[Stmt] = []
+        for y in range(-(-width // VW)):
+            keys = min(VW, width - y * VW)  # the last vector of a partial tile: no reads past S
+            accs = [f"sd{y}_{k}" for k in range(keys)]
+            qv = Load("qp", add(mul(r, c(D)), mul(dv, c(VW))), vt)
+            inner: list[Stmt] = [Let("qv", vt, qv)]
+            for k, acc in enumerate(accs):
+                ld = b.read(kt, bvars + [mul(dv, c(VW)), add(j0, c(y * VW + k))])
+                prod = _f("mul", Var("qv", vt), Load(ld.buf, ld.index, vt), dtype=vt)
+                inner.append(Assign(acc, _f("add", Var(acc, vt), prod, dtype=vt)))
+            sums, vec = lane_sums(VW, vt, [Var(a, vt) for a in accs] + [zero] * (VW - keys), prefix=f"ls{y}_")
+            out += [*(Let(a, vt, zero) for a in accs), For("dv", c(0), c(D // VW), tuple(inner)), *sums,
+                    Store("s", add(mul(r, c(BC)), c(y * VW)), vec)]
+        return out
 
     def cols_key_tile(j0: Expr, width: int, steps: list) -> list[Stmt]:
         """The key-major form: s[j][r] (queries along the vectors), so that the per-query max,
@@ -374,7 +402,7 @@ def lower_attention(b, n: Node, target: CPUMachine, threads: int) -> tuple[list[
     key = add(mul(jt, c(BC)), j)
     kidx = add(mul(add(mul(add(mul(bflat, c(SP // BC)), jt), c(D)), d), c(BC)), j)
     kst, kzero = Store(kbuf, kidx, b.read(kt, bvars + [d, key])), Store(kbuf, kidx, Const(0.0, F32))
-    kpack = [] if cols else \
+    kpack = [] if cols or dots else \
         [For("j", c(0), c(BC), (For("d", c(0), c(D), (guarded(S % BC != 0, _lt(key, c(S)), kst, kzero),)),))]
     vidx = add(mul(add(mul(bflat, c(SP)), key), c(DVP)), d)
     vpack: list[Stmt] = [For("d", c(0), c(Dv), (guarded(S % BC != 0, _lt(key, c(S)),
@@ -388,6 +416,19 @@ def lower_attention(b, n: Node, target: CPUMachine, threads: int) -> tuple[list[
     for k in reversed(range(len(bd))):
         pack = [For(bvars[k].name, c(0), c(bd[k]), tuple(pack), parallel=True)]
     return pack, nest
+
+
+DOTS_MAX_ROWS = 4  # query rows up to which the scores are dot products of K's rows (``dot_scores``)
+
+
+def _dots_form(b, kt: Node, bvars: list[Var], L: int, D: int, vw: int) -> bool:
+    """Whether the scores of ``L`` query rows are computed as dot products along d, reading K
+    in place: few rows (a decoding step), d a whole number of vectors, K^T contiguous along d."""
+    if L > DOTS_MAX_ROWS or D % vw or vw < 2 or vw & (vw - 1):
+        return False
+    probe = b.read(kt, bvars + [Var("_d"), Var("_key")])
+    lf = linear_form(probe.index) if isinstance(probe, Load) else None
+    return lf is not None and lf[0].get("_d") == 1
 
 
 def _constant_factor(n: Node) -> tuple[Node, float] | None:
