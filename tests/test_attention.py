@@ -146,9 +146,9 @@ def test_key_major_scores_from_32_query_rows(tmp_path):
 
 def test_key_major_form_reads_k_and_v_in_place(tmp_path):
     """SDPA's decomposition scales K^T by a constant: the factor moves to the Q tile, K and V are
-    read where they are - no pack kernel, no scaled copy of K. With grouped-query heads the
-    graph's copy of K (expand + clone) is recomputed in the score tile's loads; V's copy stays
-    (vector loads are not fused through a copy)."""
+    read where they are - no pack kernel, no scaled copy of K. With grouped-query heads too: the
+    graph's copies of K and V per query head (expand + clone) are dropped, query head h reads
+    K and V's head h // G (``kv_group``)."""
     def calls(path):
         src = next(path.rglob("*kernel.c")).read_text()
         entry = src[src.index("int pt_entry("):]
@@ -157,7 +157,7 @@ def test_key_major_form_reads_k_and_v_in_place(tmp_path):
     _run(_sdpa(False), _qkv(1, 4, 4, 40, 50, 32), dump_dir=str(tmp_path / "mha"))
     assert [c.split("_", 1)[1] for c in calls(tmp_path / "mha")] == ["attention"]
     _run(_sdpa(False, gqa=True), _qkv(1, 4, 2, 40, 50, 32), dump_dir=str(tmp_path / "gqa"))
-    assert [c.split("_", 1)[1] for c in calls(tmp_path / "gqa")] == ["identity", "attention"]
+    assert [c.split("_", 1)[1] for c in calls(tmp_path / "gqa")] == ["attention"]
 
 
 @pytest.mark.parametrize("L", [20, 33])  # the row-major and the key-major score tile

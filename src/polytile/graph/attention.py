@@ -246,6 +246,10 @@ def _rewrite(b: GraphBuilder, m: _Match, new: dict[int, Node], mm2: Node, is_out
     q = b.reshape(new[m.q.id], bd + [L, m.q.shape[-1]])
     kt = b.reshape(new[m.kt.id], bd + [m.kt.shape[-2], S])
     v = b.reshape(new[m.v.id], bd + [S, m.v.shape[-1]])
+    group = 1
+    kg, vg = _ungrouped(b, kt), _ungrouped(b, v)
+    if kg is not None and vg is not None and kg[1] == vg[1]:
+        (kt, group), (v, _) = kg, vg
     masks: list[Node] = []
     steps: list[tuple] = []  # the node's attribute: masks by their position among its inputs
     for fn, operand, fill in m.steps:
@@ -258,8 +262,50 @@ def _rewrite(b: GraphBuilder, m: _Match, new: dict[int, Node], mm2: Node, is_out
             continue
         masks.append(new[operand.id])
         steps.append((fn, len(masks) - 1, fill) if fn in ("keep", "drop") else (fn, "m", len(masks) - 1))
-    att = b.node("attention", [q, kt, v, *masks], steps=tuple(steps), zero_empty=m.zero_empty)
+    att = b.node("attention", [q, kt, v, *masks], steps=tuple(steps), zero_empty=m.zero_empty,
+                 **({"kv_group": group} if group > 1 else {}))
     out = b.reshape(att, list(mm2.shape))
     if is_output and out.op == "view":
         out = b.node("identity", (out,))
     return out
+
+
+def _ungrouped(b: GraphBuilder, x: Node) -> tuple[Node, int] | None:
+    """(y, G) when ``x`` ([..., H, r1, r2]) is a view of a copy (``identity``) of an expand that
+    repeats each of KH heads G times, H = KH * G (grouped-query attention: ``repeat_kv``,
+    ``enable_gqa``): y views the expand's source with KH heads, x's head h being y's head
+    h // G. The attention then reads K and V where they are, not a copy per query head."""
+    if x.op != "view" or x.attr("offset") != 0 or len(x.shape) < 3 or x.inputs[0].op != "identity":
+        return None
+    e = x.inputs[0].inputs[0]
+    if e.op != "view" or len(e.shape) != len(x.shape) + 1:
+        return None
+    es, est = list(e.shape), list(e.attr("strides"))
+    rep = [k for k in range(1, len(es)) if est[k] == 0 and es[k] > 1]
+    if len(rep) != 1:
+        return None
+    a, G = rep[0], es[rep[0]]
+    istr = contiguous_strides(e.shape)  # the copy is contiguous in the expand's shape
+    xs, xst = list(x.shape), list(x.attr("strides"))
+    head = len(xs) - 3
+    if xs[head] != es[a - 1] * G or xst[head] != istr[a]:
+        return None
+    shape, strides, used = [], [], {a - 1, a}
+    for k, (n, st) in enumerate(zip(xs, xst)):
+        if k == head:
+            shape.append(es[a - 1])
+            strides.append(est[a - 1])
+            continue
+        if n == 1:
+            shape.append(1)
+            strides.append(0)
+            continue
+        dims = [d for d in range(len(es)) if d not in used and istr[d] == st and es[d] == n]
+        if len(dims) != 1:
+            return None
+        used.add(dims[0])
+        shape.append(n)
+        strides.append(est[dims[0]])
+    if any(es[d] != 1 for d in range(len(es)) if d not in used):
+        return None
+    return b.as_strided(e.inputs[0], shape, strides, e.attr("offset")), G

@@ -101,9 +101,14 @@ def _adaptive_shape(ins, a):
 
 
 def _attention_shape(ins, a):
+    """q [..., H, L, D], kt [..., H / G, D, S], v [..., H / G, S, Dv]: G = ``kv_group`` query
+    heads share each head of K and V (grouped-query attention; 1: every head its own)."""
     q, kt, v = (i.shape for i in ins[:3])
-    if len(q) < 2 or q[:-2] != kt[:-2] or q[:-2] != v[:-2] or q[-1] != kt[-2] or kt[-1] != v[-2]:
-        raise Unsupported(f"attention shapes q{q} kt{kt} v{v}")
+    g = a.get("kv_group", 1)
+    kvb = tuple(q[:-2]) if g == 1 else tuple(q[:-3]) + (q[-3] // g,)
+    if len(q) < 2 or (g > 1 and (len(q) < 3 or q[-3] % g)) or tuple(kt[:-2]) != kvb or tuple(v[:-2]) != kvb \
+            or q[-1] != kt[-2] or kt[-1] != v[-2]:
+        raise Unsupported(f"attention shapes q{q} kt{kt} v{v} (kv_group {g})")
     for m in ins[3:]:
         broadcast_shapes(m.shape, tuple(q[:-1]) + (kt[-1],))
     return tuple(q[:-1]) + (v[-1],)

@@ -113,6 +113,9 @@ def lower_attention(b, n: Node, target: CPUMachine, threads: int) -> tuple[list[
     cols = L >= COLS_MIN_ROWS
     ts = (cols_tile_sizes if cols else tile_sizes)(target, L, S, D, Dv, math.prod(bd), threads)
     bvars = [Var(f"i{k}") for k in range(len(bd))]
+    # K and V's batch indices: with grouped-query heads (kv_group G) query head h reads head h // G
+    G = n.attr("kv_group", 1)
+    kvvars = bvars if G == 1 else bvars[:-1] + [Op("floordiv", (bvars[-1], c(G)), INDEX)]
     dots = not cols and _dots_form(b, (_constant_factor(kt) or (kt, None))[0], bvars, L, D, ts["VW"])
     if dots:  # one tile of all the rows; output register tiles of rows that divide them
         ts = {**ts, "BR": L, "RV": min(ts["RV"], L & -L)}
@@ -164,7 +167,7 @@ def lower_attention(b, n: Node, target: CPUMachine, threads: int) -> tuple[list[
     def vrow(key: Expr, d0: int) -> Load:
         """VW elements of V's row ``key`` from column d0 (in place or from the packed copy)."""
         if vdirect:
-            ld = b.read(v, bvars + [key, c(d0)])
+            ld = b.read(v, kvvars + [key, c(d0)])
             return Load(ld.buf, ld.index, vt)
         return Load(vbuf, add(mul(add(mul(bflat, c(SP)), key), c(DVP)), c(d0)), vt)
     causal = [s[2] for s in steps if s[0] == "causal"]
@@ -289,7 +292,7 @@ def lower_attention(b, n: Node, target: CPUMachine, threads: int) -> tuple[list[
             qv = Load("qp", add(mul(r, c(D)), mul(dv, c(VW))), vt)
             inner: list[Stmt] = [Let("qv", vt, qv)]
             for k, acc in enumerate(accs):
-                ld = b.read(kt, bvars + [mul(dv, c(VW)), add(j0, c(y * VW + k))])
+                ld = b.read(kt, kvvars + [mul(dv, c(VW)), add(j0, c(y * VW + k))])
                 prod = _f("mul", Var("qv", vt), Load(ld.buf, ld.index, vt), dtype=vt)
                 inner.append(Assign(acc, _f("add", Var(acc, vt), prod, dtype=vt)))
             sums, vec = lane_sums(VW, vt, [Var(a, vt) for a in accs] + [zero] * (VW - keys), prefix=f"ls{y}_")
@@ -310,7 +313,7 @@ def lower_attention(b, n: Node, target: CPUMachine, threads: int) -> tuple[list[
             # s[base + a][:] = K[j0 + base + a] . Q^T: rows x nq vectors, K broadcast from its rows
             return _register_tile(
                 "s", rows, nq, vt, For("d", c(0), c(D), ()),
-                lambda a: b.read(kt, bvars + [d, add(j0, add(base, c(a)))]),
+                lambda a: b.read(kt, kvvars + [d, add(j0, add(base, c(a)))]),
                 lambda y: Load("qp", add(mul(d, c(BR)), c(y * VW)), vt),
                 lambda a, y: _f("broadcast", Const(0.0, F32), dtype=vt),
                 lambda a, y, acc: Store("s", add(mul(add(base, c(a)), c(BR)), c(y * VW)), acc))
@@ -401,12 +404,12 @@ def lower_attention(b, n: Node, target: CPUMachine, threads: int) -> tuple[list[
     # (unless read in place), zeros past S, Dv
     key = add(mul(jt, c(BC)), j)
     kidx = add(mul(add(mul(add(mul(bflat, c(SP // BC)), jt), c(D)), d), c(BC)), j)
-    kst, kzero = Store(kbuf, kidx, b.read(kt, bvars + [d, key])), Store(kbuf, kidx, Const(0.0, F32))
+    kst, kzero = Store(kbuf, kidx, b.read(kt, kvvars + [d, key])), Store(kbuf, kidx, Const(0.0, F32))
     kpack = [] if cols or dots else \
         [For("j", c(0), c(BC), (For("d", c(0), c(D), (guarded(S % BC != 0, _lt(key, c(S)), kst, kzero),)),))]
     vidx = add(mul(add(mul(bflat, c(SP)), key), c(DVP)), d)
     vpack: list[Stmt] = [For("d", c(0), c(Dv), (guarded(S % BC != 0, _lt(key, c(S)),
-                                                       Store(vbuf, vidx, b.read(v, bvars + [key, d])),
+                                                       Store(vbuf, vidx, b.read(v, kvvars + [key, d])),
                                                        Store(vbuf, vidx, Const(0.0, F32))),))]
     if DVP > Dv:
         vpack.append(For("d", c(Dv), c(DVP), (Store(vbuf, vidx, Const(0.0, F32)),)))
