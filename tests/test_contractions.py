@@ -200,7 +200,7 @@ def test_tiled_ir_structure():
         assert [(f.var, f.lo.value, f.hi.value) for f in r.body] == [("jo", 0, 2), ("jo", 2, 3)]
     stored = [[s.hi.value for s in walk_stmts([r]) if isinstance(s, For) and s.var == "jj"] for r in roots]
     assert stored == [[16, 8], [16, 8]]  # the partial panel's tiles store its 8 columns only
-    assert roots[0].omp >= 1  # the tile loops run under OpenMP
+    assert roots[0].workers >= 1  # the tile loops run under OpenMP
 
 
 def test_partial_last_panel_computes_only_its_vectors():
@@ -353,7 +353,7 @@ def test_long_reductions_run_in_blocks(m, n, k, at):
     assert any(f.var == "kb" for f in loops)
     # the work inside the sequential block loop runs under OpenMP (with few panels: the row tiles)
     blocks = [f for f in loops if f.var == "kb"]
-    assert all(any(g.omp for g in walk_stmts(f.body) if isinstance(g, For)) for f in blocks)
+    assert all(any(g.workers for g in walk_stmts(f.body) if isinstance(g, For)) for f in blocks)
 
 
 def test_one_vector_panels_use_the_tiled_form():
@@ -375,7 +375,7 @@ def test_row_blocks_when_the_row_operand_exceeds_the_cache():
     main = p.kernels[-1]
     blocks = [s for s in main.body if isinstance(s, For) and s.var == "ib"]
     assert blocks and all(not s.parallel and s.hi.value == 5 for s in blocks)  # 5 blocks of 30 rows
-    assert blocks[0].body[0].omp >= 1  # the full panels run under OpenMP inside each block
+    assert blocks[0].body[0].workers >= 1  # the full panels run under OpenMP inside each block
     a, bb = torch.randn(157, 128), torch.randn(128, 40)
     out, _ = _compile(torch.mm, (a, bb), target=tgt, threads=2)
     assert_accurate(out, a @ bb, lambda: fp64_reference(torch.mm, (a, bb)), 1e-4)

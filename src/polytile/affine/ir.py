@@ -124,7 +124,9 @@ class For:
     hi: Expr  # exclusive
     body: tuple["Stmt", ...]
     parallel: bool = False  # no loop-carried dependence (checked with isl)
-    omp: int = 0  # >0: run with OpenMP, collapsing this many perfectly nested loops
+    # >0: this loop and the perfectly nested loops under it, this many in all, are shared among
+    # the target's parallel workers (set by a backend's pass: OpenMP threads on the CPU)
+    workers: int = 0
 
 
 @dataclass(frozen=True)

@@ -28,8 +28,8 @@ def stmts(body: tuple[Stmt, ...], ind: int) -> list[str]:
     for s in body:
         if isinstance(s, For):
             tag = "affine.parallel" if s.parallel else "affine.for"
-            omp = f"  // omp collapse({s.omp})" if s.omp else ""
-            out.append(f"{pad}{tag} %{s.var} = {expr(s.lo)} to {expr(s.hi)} {{{omp}")
+            shared = f"  // workers collapse({s.workers})" if s.workers else ""
+            out.append(f"{pad}{tag} %{s.var} = {expr(s.lo)} to {expr(s.hi)} {{{shared}")
             out += stmts(s.body, ind + 1)
             out.append(pad + "}")
         elif isinstance(s, Store):

@@ -307,7 +307,7 @@ def _minmax_reduction(f: For):
     """(accumulator, 'max'|'min', value) when loop f only folds a float value into an
     accumulator with maximum/minimum (NaN-propagating): rendered as an OpenMP simd reduction
     with a NaN flag, because gcc vectorizes no NaN-propagating select by itself."""
-    if len(f.body) != 1 or not isinstance(f.body[0], Assign) or f.omp:
+    if len(f.body) != 1 or not isinstance(f.body[0], Assign) or f.workers:
         return None
     a = f.body[0]
     v = a.value
@@ -340,7 +340,7 @@ def _fold_reduction(f: For) -> str | None:
     with + or *: OpenMP's simd reduction lets gcc reorder exactly those sums (vector partial
     sums), which it may not do elsewhere (no -fassociative-math: eager's rounding of signed
     zeros and infinities everywhere else)."""
-    if f.omp or not f.body or not all(isinstance(a, Assign) for a in f.body):
+    if f.workers or not f.body or not all(isinstance(a, Assign) for a in f.body):
         return None
     accs = {a.name for a in f.body}
     if len(accs) != len(f.body):
@@ -365,8 +365,8 @@ def stmts(body: tuple[Stmt, ...], ind: int) -> list[str]:
         if red is not None:
             out += _render_minmax(s, red, pad)
         elif isinstance(s, For):
-            if s.omp:
-                coll = f" collapse({s.omp})" if s.omp > 1 else ""
+            if s.workers:
+                coll = f" collapse({s.workers})" if s.workers > 1 else ""
                 out.append(f"{pad}#pragma omp parallel for{coll} num_threads(pt_nthreads) schedule(static)")
             elif (fold := _fold_reduction(s)) is not None:
                 out.append(f"{pad}#pragma omp simd {fold}")

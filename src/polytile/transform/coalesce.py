@@ -57,7 +57,7 @@ def _try_merge(f: For) -> For:
     if len(f.body) != 1 or not isinstance(f.body[0], For):
         return f
     g = f.body[0]
-    if f.parallel != g.parallel or f.omp or g.omp:
+    if f.parallel != g.parallel or f.workers or g.workers:
         return f
     if not all(isinstance(x, Const) and x.value == 0 for x in (f.lo, g.lo)):
         return f

@@ -85,7 +85,7 @@ def assign_omp(p: Program, *, threads: int, min_work: int) -> Program:
             k += 1
             if iters >= 4 * threads:
                 break
-        return replace(s, omp=k)
+        return replace(s, workers=k)
 
     kernels = tuple(replace(k, body=tuple(choose(s) if isinstance(s, For) else s for s in k.body))
                     for k in p.kernels)
