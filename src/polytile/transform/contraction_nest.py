@@ -97,10 +97,9 @@ def batch_into_columns(k: Kernel, n: Nest, nr: int, vw: int) -> tuple[Kernel, Ne
     """Batch loops the row operand does not depend on (a convolution's images: the weights are
     the same for all of them) moved inside the row loop, as the leading column loops, when one
     batch iteration's columns leave more than 1/8 of the computed columns empty: a 7 x 7 image
-    has 49 pixels, two panels of 32 computed 64 columns per image. With the images' pixels as
-    the columns, a panel spans images and only the last one is partial (two threads, N8 C512
-    7x7 K512 3x3: 9.0 -> 7.7 ms). Not with larger images, whose panels were full anyway: it
-    was slower there (N8 C64 56x56 3x3 7.6 -> 10.0 ms, 7x7 s2 on 224 x 224 9.4 -> 14.7).
+    has 49 pixels, two panels of 32 compute 64 columns per image. With the images' pixels as
+    the columns, a panel spans images and only the last one is partial. Not with larger
+    images, whose panels are mostly full anyway: there the move makes the nest slower.
     The loops are parallel and perfectly nested, so any order is legal."""
     fx = linear_form(n.x.index)[0]
     moved = [f for f in n.batch if fx.get(f.var, 0) == 0]
@@ -136,20 +135,15 @@ def orient(k: Kernel, n: Nest, nr: int, static: set[str] | frozenset[str] = froz
         # both operands contiguous along the reduction (x @ w.T, a linear layer's weight): the
         # column operand is packed through a transpose; make it the few rows of x instead of the
         # weight. The output then runs along the tile rows and is written in pieces of mr: up to
-        # SWAP_MAX_ROWS rows that costs less than transposing the weight (measured, one thread:
-        # 128x768x3072 5.2 -> 4.3 ms, 64x1024x1024 1.6 -> 1.3), beyond it more (197x768x3072
-        # 7.4 -> 7.8, 256x3072x768 10.0 -> 12.1)
+        # SWAP_MAX_ROWS rows that costs less than transposing the weight, beyond it more.
         # Up to 3/4 of a panel's rows (a linear on a few tokens) it is swapped as well: the
         # weight's rows become the rows and the tokens the few columns, which the dot form (or
         # one-vector panels) takes - the reduction vectorized, the weight streamed once and not
-        # packed (two threads: 4x768x3072 0.73 -> 0.35 ms, eager 0.38; 4x768x768 0.21 -> 0.08,
-        # 24x768x3072 1.04 -> 0.93; with 31 rows it was slower, 0.28 -> 0.30)
+        # packed (with nearly a panel's rows of tokens the swap no longer pays).
         # A weight that is a parameter (``static``) with rows enough for full tiles stays the
         # column operand: its transposing pack is cached (``cache_static``), the tiles read its
-        # panels in place and the output is written along the columns (two threads, Zen 4:
-        # 128 x 3072 -> 768 2.9-3.0 -> 2.7-2.8 ms, 128 x 768 -> 768 0.73 -> 0.65, 128 x 256 ->
-        # 1024 0.33-0.41 -> 0.31); not over a short reduction, where the output's stores
-        # dominate and the swapped form prefetches them (128 x 128 -> 30522: 5.1-5.2 -> 5.8-5.9)
+        # panels in place and the output is written along the columns; not over a short
+        # reduction, where the output's stores dominate and the swapped form prefetches them
         if not (y_rows and fy.get(n.jloops[0].var, 0) != 1 and M <= SWAP_MAX_ROWS and M < N
                 and len(rn) == 1 and (M >= nr or 4 * M <= 3 * nr)) \
                 or (n.y.buf in static and M >= nr and trip_count(n.rloops[0]) >= STATIC_Y_MIN_K):

@@ -24,9 +24,9 @@ def tile_sizes(t: CPUMachine) -> tuple[int, int, int]:
 
 def wide_tile(t: CPUMachine, mr: int, nv: int, vw: int, N: int, K: int) -> tuple[int, int]:
     """(MR, NV) for a nest with N columns: with 32 vector registers and columns for it, a 9 x 3
-    vector tile instead of 14 x 2 (each panel then meets all of X once per 48 columns, not 32:
-    measured +4-12% on 10 of 12 GEMM shapes on an AVX-512 Xeon, -2% on one). Matmul-like nests
-    only (one column loop): on convolutions (pixels as columns) it was mixed, -10 to +50%."""
+    vector tile instead of 14 x 2 (each panel then meets all of X once per 48 columns, not 32,
+    which helps most GEMM shapes). Matmul-like nests only (one column loop): on convolutions
+    (pixels as columns) it helps some shapes and hurts others."""
     # the panels shared over the cores unless they all fit in the L2 (then the row tiles are,
     # see ``rows_outer``)
     panels_shared = -(-N // (3 * vw)) * K * 3 * vw * 4 > t.l2_bytes // 2
@@ -52,11 +52,11 @@ def _unbalanced(N: int, wide: int, narrow: int, t: CPUMachine) -> bool:
 
 def k_block(n: Nest, K: int, nr: int, t: CPUMachine, panels: int = 1) -> int:
     """KC, the reduction block, when a packed panel of the whole reduction (K x nr) would not fit
-    in half the L2 (K = 500000: the panels and the row operand streamed from memory once per
-    panel); 0 for no blocking. Nests without a batch loop (or with one of one step: a convolution's
-    single group); a block is a range of the outermost
-    reduction loop with the inner ones whole (an implicit GEMM, a convolution: a range of input
-    channels with all of (kh, kw)). Blocks of about a quarter of the L2 for ``panels`` panels
+    in half the L2 (K = 500000: the panels and the row operand would stream from memory once per
+    panel); 0 for no blocking. Nests without a batch loop (or with one of one step: a
+    convolution's single group); a block is a range of the outermost reduction loop with the
+    inner ones whole (an implicit GEMM, a convolution: a range of input channels with all of
+    (kh, kw)). Blocks of about a quarter of the L2 for ``panels`` panels
     together (few panels: every row tile meets all of them, see ``few_panels_block``), balanced
     over K."""
     if any(trip_count(f) != 1 for f in n.batch) or K * nr * 4 * panels <= t.l2_bytes // 2:
@@ -85,17 +85,15 @@ def reduction_block(n: Nest, M: int, N: int, K: int, nr: int, t: CPUMachine) -> 
         # an implicit GEMM (a convolution) is blocked only when its panels' blocks fit in the
         # L2 together at a block long enough and there are panels enough for every core:
         # all of them packed per block and every row tile meeting them, X read once in all
-        # instead of once per panel (N8 C512 7x7 3x3, 13 panels of 32 pixels, weight 9.4 MB:
-        # 12.2 -> 10.2 ms, Zen 4); with fewer panels, X streamed once per panel unblocked
-        # was faster (N1 C512 7x7, two panels: 1.95 ms against 2.9 blocked)
+        # instead of once per panel; with fewer panels, streaming X once per panel unblocked
+        # is faster
         kc_all = k_block(n, K, nr, t, panels) if kc and panels >= 4 * t.cores else 0
         return (kc_all, True) if kc_all >= ALL_PANELS_MIN_KC else (0, False)
     if panels < 4 * t.cores and (kc or M * K * 4 > t.l2_bytes):
         # few panels: each block of all of them must stay in the L2 together while every row
-        # tile meets them (128x16384x4096, 4 panels: KC 4096 -> 1024, 104 -> 88 ms); also
-        # when each panel fits but not all of them, and X does not fit in the L2: unblocked,
-        # X streamed from memory once per panel (the weight of a swapped 128 x 4096 -> 1024
-        # linear, 16 MB, four times: 6.2-7.2 -> 5.4-5.9 ms in C, Zen 4, two threads)
+        # tile meets them; also when each panel fits but not all of them, and X does not fit in
+        # the L2: unblocked, X would stream from memory once per panel (e.g. the 16 MB weight
+        # of a swapped linear, read once per panel)
         return k_block(n, K, nr, t, panels), False
     return kc, False
 

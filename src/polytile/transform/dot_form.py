@@ -6,7 +6,7 @@ vector accumulators run over R (rows of X and columns of Yt streamed once, VW la
 reduction at a time); the lanes are summed and the R % VW tail added at the store.
 
 A reduction too long for the tile's rows and Yt to stay in the L2 (K = 500000: each row tile
-re-read Yt from memory, each column tile the rows) runs in blocks of KC: per block the tiles
+would re-read Yt from memory, each column tile the rows) runs in blocks of KC: per block the tiles
 sweep rows and columns that stay in cache, and their vector accumulators wait in a temp
 buffer between blocks.
 """

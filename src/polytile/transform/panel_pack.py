@@ -97,12 +97,12 @@ class PanelPacker:
         (``pseg<k>``), and each panel row is the loads of each segment (``vals_at(k * D)``),
         each segment's lanes picked from its own (``pick_lanes``), kept where the padding
         mask is set (``keep_lanes``, bitwise: inf or NaN in the dropped lanes never reaches
-        the zeros). Vector copies where the element loop was: the im2col pack was 15% of N1
-        C256 14x14 3x3, and a third of N8 C64 56x56 K128 3x3 stride 2, whose 28-pixel rows
-        put most 32-column panels over two of them. The loads reach past the image rows,
-        into the neighbouring rows and channels; panel rows whose loads would leave the
-        tensor take the element loop. None where this does not apply: (mask statements, row
-        statements)."""
+        the zeros). These vector copies replace the element loop, with which the im2col pack
+        is a large share of a convolution, most of all where output rows are narrower than a
+        panel (28-pixel rows put most 32-column panels over two of them). The loads reach past
+        the image rows, into the neighbouring rows and channels; panel rows whose loads would
+        leave the tensor take the element loop. None where this does not apply: (mask
+        statements, row statements)."""
         n, nr, vw, vt, fused, sizes, fy = self.n, self.nr, self.vw, self.vt, self.fused, self.sizes, self.fy
         jdec, look, jn, i, jj = self.jdec, self.look, self.jn, self.i, self.jj
         if not (fused and step in (1, 2) and len(jn) in (2, 3) and look is not jdec
@@ -115,7 +115,7 @@ class PanelPacker:
             # (image, oh, ow), the batch folded into the pixels: with the rows of an image
             # contiguous in Y (D = 0, a stride-1 convolution as wide as its input) the
             # segments are images instead, D the step of Y from one image to the next past
-            # an image's rows (N8 C512 7x7: 32-pixel panels over two images)
+            # an image's rows (7x7 maps: 32-pixel panels span two images)
             if D != 0:
                 return None
             period = trip_count(n.jloops[1]) * W
@@ -158,9 +158,8 @@ class PanelPacker:
         ``pok``: out-of-image lanes get offset 0, an address inside Y), then every inner
         step is one load per lane at its offset plus the step's own, kept where ``pok`` is
         set: no div/mod, no test and no table lookups per element (where ``masked_rows``
-        does not apply: input rows wider than the output's, more segments than it takes; it
-        took N8 C512 7x7 3x3, 32-pixel panels over 5 image rows, from 10.2 to 9.6 ms on Zen 4
-        before ``masked_rows`` took images as segments). None where that does not hold."""
+        does not apply: input rows wider than the output's, more segments than it takes). None
+        where that does not hold."""
         n, nr, sizes, fy, jdec, look, rn = self.n, self.nr, self.sizes, self.fy, self.jdec, self.look, self.rn
         jj = self.jj
         if look is jdec or n.cond is None or n.y.buf not in sizes or not inner:
@@ -218,8 +217,8 @@ class PanelPacker:
         pbody: tuple[Stmt, ...] = (For(jj, c(0), c(nr), (st,)),)
         scanned = len(jn) == 2 and divmod_left and chunk is None and not fused
         if scanned:
-            # (in the per-panel pack of a fused kernel it was slower: 28x28 C128 3x3 0.68 ->
-            # 0.72 ms, N8 C64 56x56 5.5 -> 5.9; the element loop stays there)
+            # (not in the per-panel pack of a fused kernel, where the row scan is slower than
+            # the element loop)
             pbody = self.scan_rows(buf, idx, guard)
         step = fy.get(jn[-1], 0)
         if (n.cond is None and len(jn) == 1 and len(rn) == 1 and step != 1

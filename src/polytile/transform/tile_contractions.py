@@ -44,11 +44,9 @@ MIN_ROWS = 4  # rows a blocked long reduction, an implicit GEMM or a large produ
 FEW_ROWS_MIN_WORK = 1 << 22  # multiply-adds from which a product with fewer rows than a tile is tiled
 OUT_ROWS_ALIAS = 2048  # bytes: output rows this far apart (or a multiple) share few L1 sets
 FUSED_PACK_MIN_PANELS = 8  # panels packed inside the panel loop only when there are this many to share
-# (the panels of all batch iterations: N8 C256 14x14 3x3 conv 9.3 -> 6.7 ms, 4 groups 0.49 -> 0.26)
+# (counting the panels of all batch iterations; a plain GEMM with fewer is faster with a separate pack)
 FUSED_PACK_MIN_PANELS_IM2COL = 2  # ... for an implicit GEMM (a convolution), whose separate im2col pack
-# costs more: two threads, N1 C512 7x7 3x3 1.15-1.22 -> 0.88 ms, C256 14x14 s2 K512 0.57 -> 0.52,
-# C128 28x28 s2 0.54 -> 0.51 (plain GEMMs with 2-7 panels were slower fused: 2048x128x2048
-# 1.04x -> 0.74x eager)
+# costs more, so packing inside the panel loop pays even with few panels
 FUSED_PACK_MIN_K = 64  # ... and the reduction is at least this long
 ALIASED_PACK_MIN_PANELS = 16  # panels from which an aliased X is packed once per call (see ``aliased``)
 
@@ -79,8 +77,8 @@ def tile_contractions(p: Program, target: CPUMachine, prefetch: bool = True) -> 
             for f in n.rloops:
                 K *= trip_count(f)
         # one-vector panels (N = vw): the tiled form with MR x 1 tiles streams X once where the
-        # dot form reads it once per column tile (8448x16x2816: 7.8 vs 12.7 ms on one thread);
-        # not with a partial panel (128x20x768: 4 of the 16 lanes of its second panel used)
+        # dot form reads it once per column tile; not with a partial panel, whose last vector
+        # is mostly empty lanes (N = 20: 4 of the 16 lanes of its second panel used)
         narrow = n is not None and vw <= N < nr0 and N % vw == 0
         if n is not None and N < nr0 and not narrow and n.cond is None and K >= 2 * vw \
                 and M * N * K >= MIN_WORK // 8 \
@@ -90,9 +88,9 @@ def tile_contractions(p: Program, target: CPUMachine, prefetch: bool = True) -> 
         # a reduction too long for a packed panel in L2 runs in blocks of KC (see ``k_block``)
         kc = k_block(n, K, nr0, target) if n is not None else 0
         # fewer rows than a register tile: one row tile meets each packed panel, worth it for an
-        # implicit GEMM (its im2col panels are needed anyway: a grouped convolution of 8 channels
-        # per group, N8 C368 7x7 g46, 2.66 -> 0.33 ms) and for products large enough to pay
-        # for the packing (8x768x3072 linear 1.56 -> 0.91 ms; 8x256x256 slower)
+        # implicit GEMM (its im2col panels are needed anyway, e.g. a grouped convolution of 8
+        # channels per group) and for products large enough to pay for the packing
+        # (FEW_ROWS_MIN_WORK multiply-adds; smaller ones run faster untiled)
         few_rows_ok = n is not None and (kc or len(n.jloops) > 1 or n.cond is not None
                                          or M * N * K >= FEW_ROWS_MIN_WORK)
         if n is None or M < (MIN_ROWS if few_rows_ok else mr0) or N < (vw if narrow else nr0) \
@@ -119,10 +117,9 @@ def tile_contractions(p: Program, target: CPUMachine, prefetch: bool = True) -> 
         nbatch, bl = batch_index(bdeps)
         # each panel packed inside the panel loop, into a local buffer that stays in L2 for all the
         # row tiles that use it (no round trip of the packed copy through memory), when it fits,
-        # there are panels enough (over the batch loops too) to share among the cores and no
-        # batch loop would repack it
-        # and the reduction is long enough (with a short one, e.g. a 1x1 convolution over 32
-        # channels, a separate pack pass streams better: measured 4.9 vs 9.4 ms)
+        # there are panels enough (over the batch loops too) to share among the cores, no batch
+        # loop would repack it and the reduction is long enough (with a short one, e.g. a 1x1
+        # convolution over 32 channels, a separate pack pass streams better)
         fused = (K * nr * 4 <= target.l2_bytes // 2
                  and NJt * nbatch >= (FUSED_PACK_MIN_PANELS_IM2COL if len(jn) > 1 or n.cond is not None
                                       else FUSED_PACK_MIN_PANELS)
@@ -131,8 +128,7 @@ def tile_contractions(p: Program, target: CPUMachine, prefetch: bool = True) -> 
         few = bool(kc) and (NJt < 4 * target.cores or all_panels)
         # Y a parameter (a weight): its panels packed by a kernel of their own, which
         # ``cache_static`` runs only when the weight changes, and read in place by the nest a
-        # fused pack would have had (no per-call copy of a weight whose rows lie pages apart:
-        # GPT-2's 128 x 768 -> 3072 with weight [768, 3072], 3.0-3.2 -> 2.7-2.8 ms in C, Zen 4)
+        # fused pack would have had (no per-call copy of a weight whose rows lie pages apart)
         inplace = fused and not few and n.y.buf in static and not (
             n.cond is not None and any(isinstance(x, Load) for x in walk_exprs(n.cond)))
         if inplace:
@@ -165,8 +161,8 @@ def tile_contractions(p: Program, target: CPUMachine, prefetch: bool = True) -> 
             kernels.append(Kernel(f"{k.name}_pack", tuple(pnests), f"pack {n.y.buf} for {k.origin}"[:160]))
         # the source of panel jo + 1's row R (lane 0), for the row tiles of panel jo to prefetch
         # when a fused pack reads rows a page or more apart (``row_tiles``), and the panel and
-        # the next one's lines fit in half the L2 (else they evict the panel and X: 35 x 2560
-        # -> 8457, panels of 480 KB, 12.7 -> 13.6-14.4 ms)
+        # the next one's lines fit in half the L2 (else the prefetched lines evict the panel
+        # and X, and the prefetch costs more than it saves)
         ahead = None
         if fused and not kc and n.cond is None and len(jn) == 1 and len(rn) == 1 and not divmod_left \
                 and fy.get(jn[0], 0) == 1 and fy.get(rn[0], 0) * 4 >= target.page_bytes \
@@ -177,12 +173,8 @@ def tile_contractions(p: Program, target: CPUMachine, prefetch: bool = True) -> 
             # cached panels (``inplace``) of weights too large to stay in the L3 between calls (a
             # model's layers one after another) come from memory, a panel's block at a time: the
             # row tiles of panel jo fetch panel jo + 1's block (rows r0 + R) to the L2 meanwhile,
-            # when both fit in half of it. Zen 5, two threads, four linears called in turn (their
-            # weights over the L3), old and new code alternated: 128 x 4096 -> 1024 (blocks of
-            # 1024) 2.72-2.87 -> 2.33-2.34 ms (2.49 warm), XLNet's 24 of them 67.1 -> 58.9 ms a
-            # call; 128 x 3072 -> 768 (whole panels of 384 KB) 1.41 -> 1.26-1.35, BERT's 12
-            # (with the o-projections) 20.5-20.8 -> 19.3-19.7 ms. Whole panels of a quarter of
-            # the L2 or less were not helped (128 x 768 -> 3072: 1.28-1.32 -> 1.34)
+            # when both fit in half of it. Not for whole panels of a quarter of the L2 or less,
+            # which the prefetch does not help
             if not inplace or 2 * kcb * nr * 4 > target.l2_bytes // 2 \
                     or (not kc and kcb * nr * 4 <= target.l2_bytes // 4):
                 return None
@@ -195,13 +187,10 @@ def tile_contractions(p: Program, target: CPUMachine, prefetch: bool = True) -> 
         fx = linear_form(n.x.index)[0]
         # X read in place by 2-vector tiles whose rows share L1 sets (``aliased_rows``, K = 512,
         # 1024, 2048, ...) would be copied apart by every row tile for every panel (``xrows``):
-        # with the panels one at a time in the panel loop, X is packed once per call instead
-        # (Zen 5, two threads, side by side: linear 128 x 2048 -> 512 0.651 -> 0.579 ms, 128 x
-        # 512 -> 512 0.180 -> 0.172, 512^3 matmul 0.651 -> 0.592; T5-small's 128 x 512 GEMMs
-        # 11.1-12.0 -> 9.3-9.7 ms a call in all). Not for 3-vector tiles, which read X in place
-        # without a copy: packed, 2048^3 and 128 x 1024 -> 4096 were 6% slower; nor with fewer
-        # than ALIASED_PACK_MIN_PANELS panels, whose copies cost less than the (transposing) pack
-        # of X: 128 x 1024 -> 256, 8 panels, 0.175 -> 0.217 ms packed
+        # with the panels one at a time in the panel loop, X is packed once per call instead.
+        # Not for 3-vector tiles, which read X in place without a copy and would only lose by
+        # the pack; nor with fewer than ALIASED_PACK_MIN_PANELS panels, whose copies cost less
+        # than the (transposing) pack of X
         aliased = per_panel and not kc and nv == 2 and NJt >= ALIASED_PACK_MIN_PANELS and not n.batch \
             and aliased_rows(in_group(n.x, rn, n.rloops, R), i, R, mr, target)
         if not contiguous(fx, rn, n.rloops) or aliased:
@@ -249,10 +238,10 @@ def tile_contractions(p: Program, target: CPUMachine, prefetch: bool = True) -> 
             # when S > 1; ``body_of(rows, trows)`` gives the statements for one panel
             whole = jlo
             if S > 1 and batch_index(n.batch)[0] == 1:
-                # as many panels as shares evenly among the cores run whole, only the rest of them
-                # with their rows split (each part packs those panels itself): N1 C256 14x14 3x3,
-                # 6 panels of 32 columns whole and the last of 4 split, 1.30 -> 1.23 ms in C (Zen 4)
-                # (full panels only: a partial last one shares unevenly, C512 7x7's 32 + 17)
+                # as many panels as share evenly among the cores run whole, only the rest of them
+                # with their rows split (each part packs those panels itself), e.g. 6 panels of 32
+                # columns whole and the last of 4 split (full panels only: a partial last one
+                # shares unevenly)
                 whole = jlo + max(0, min(jhi, NJ) - jlo) // S * S
             out: list[Stmt] = []
             if S == 1 or whole > jlo:
@@ -291,7 +280,7 @@ def tile_contractions(p: Program, target: CPUMachine, prefetch: bool = True) -> 
                 roots = [replace(f, body=tuple(roots), parallel=False)]
         elif per_panel and tail:
             # one parallel loop over all NJt panels, the partial last one behind a test: run as a
-            # nest of its own it took one thread while the other waited (1024^3: 22 panels of 48)
+            # nest of its own it would take one thread while the others wait
             lf, lt = panel_pack(False), panel_pack(True)
             def both(rows: list, trows: list) -> list[Stmt]:
                 bf = panel_body(plan, rows, nv, nr, lf, ahead=ahead)
@@ -307,12 +296,9 @@ def tile_contractions(p: Program, target: CPUMachine, prefetch: bool = True) -> 
                 and M * N * 4 <= 2 * target.l2_bytes:
             # the output runs along the tile rows and its rows lie a multiple of 2 KB apart (at
             # most two L1 sets for all of them): raw tiles to a row-major temp, the epilogue
-            # then writes the output row by row (``out_kernel``); 128x3072x768 linear 4.3 ->
-            # 3.8 ms on one thread, 2.3 -> 2.1 on two; with rows 3 KB apart (768) no gain. Only
-            # while the temp is at most twice the L2 (Zen 4, 1 MB L2, two threads, kernels
-            # alone in C: 128x768 -> 3072 3.17 -> 2.70 ms, 128x1024 -> 4096 5.73 -> 5.07; a 4 MB
-            # temp, 128x1024 -> 8192, 10.0 either way; an 8 MB one, 128x768 -> 16384, 14.5 ->
-            # 15.0 ms)
+            # then writes the output row by row (``out_kernel``); rows 3 KB apart do not share
+            # sets enough for the temp to pay. Only while the temp is at most twice the L2: a
+            # larger one makes a round trip through memory that costs what the temp saves
             tout = RowMajor(new_temp(buffers, M * N), N)
         if rows_outer:
             panel = packed_at(bl, NJt, Var("jo"), K, R, nr)  # Yp[bl][jo][R][0]

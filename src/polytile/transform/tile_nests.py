@@ -93,8 +93,8 @@ def row_split(panel_cols: list[int], tasks_before: int, cores: int, M: int, MI: 
     when OpenMP's static schedule of the panel tasks (``tasks_before`` batch iterations of
     ``panel_cols``, the computed columns of each panel) would leave the busiest core over 1/10
     more columns than an even share and the rows are many enough to pay for packing each panel
-    once per part (64 per part); else 1. N1 C256 14x14 3x3: 7 panels of 32 columns (the last
-    of 4) gave one core 128 columns, the other 68."""
+    once per part (64 per part); else 1. For example, 7 panels of 32 columns (the last of 4)
+    over two cores give one core 128 columns, the other 68."""
     cols = panel_cols * tasks_before
     if cores < 2 or M < 64 * cores or MI < 2 * cores:
         return 1
@@ -189,9 +189,8 @@ def row_tiles(plan: ContractionPlan, g: RowGroup, nv: int, src: At, width: int, 
     chunked = kblock is None and isinstance(kc, int) and kc > 2 * SUM_CHUNK
     # X read in place with rows that share L1 sets: the tile's rows are copied, a chunk of the
     # reduction at a time, into ``xrows`` whose rows lie one cache line further apart
-    # (tiles of 2 vectors only: 9 x 3 reads X a third less often per FMA and lost by the copy,
-    # 2048^3 211 -> 185 GFLOP/s, where 14 x 2 went 151 -> 179; a 1-vector tile would copy as
-    # many floats as it multiplies)
+    # (tiles of 2 vectors only: 9 x 3 reads X a third less often per FMA and loses more to the
+    # copy than it gains; a 1-vector tile would copy as many floats as it multiplies)
     xhoisted = g.x_copied
     if xhoisted:  # (R runs over the block, xrows holds the block's columns from 0)
         xl = kc + line
@@ -222,8 +221,7 @@ def row_tiles(plan: ContractionPlan, g: RowGroup, nv: int, src: At, width: int, 
     if ahead is not None and MI >= -(-step // line):
         # the next panel's rows lie a page or more apart: packed at the top of the next panel
         # they are misses the hardware prefetchers do not follow; tile io < (lines of a panel
-        # row) fetches line io of each row to the L2 while it computes (a GPT-2 MLP's
-        # 128 x 768 -> 3072, weight [768, 3072]: 3.0 -> 2.77 ms in C, Zen 4, two threads)
+        # row) fetches line io of each row to the L2 while it computes
         lines = -(-step // line)
         inner.append(If(Op("lt", (Var(io), c(lines)), "bool"),
                         (Prefetch(ahead.buf, add(ahead.index, mul(Var(io), c(line))), 2),)))
@@ -243,7 +241,7 @@ def row_tiles(plan: ContractionPlan, g: RowGroup, nv: int, src: At, width: int, 
         body.append(Alloc("xrows", "float32", mr * xl))
     if chunked:
         # the reduction in chunks whose partial sums join the tile's total in ``ctile`` after
-        # each (two-level summation): one running float32 sum over K = 4000 had three times
+        # each (two-level summation): one running float32 sum over K = 4000 has three times
         # eager's RMSE (see the README's accuracy note); one vector add per accumulator per chunk
         zero = Op("broadcast", (Const(0.0, "float32"),), vt)
         nck = -(-kc // SUM_CHUNK)
@@ -283,8 +281,8 @@ def row_tiles(plan: ContractionPlan, g: RowGroup, nv: int, src: At, width: int, 
                                          for e in walk_exprs(epi.value)):
             # a value that reads nothing along the columns but the tile (a bias, GELU) is
             # computed first along the tile's rows, whole vectors at a time, the stores then only
-            # move it (a 14-element run per output row made erf's vector calls partial: 128 x
-            # 1024 -> 4096 linear + GELU 8.3-9.1 ms against 6.4 without the GELU)
+            # move it (computed in the epilogue, a short run per output row, e.g. 14 elements,
+            # would make erf's vector calls partial)
             done.append(For(ii, c(0), c(mr), (For(jj, c(0), c(width), (
                 Store(tile, add(mul(Var(ii), c(nr)), Var(jj)), epi.value),)),)))
             epi = replace(epi, value=tval)
@@ -306,9 +304,8 @@ ALIAS_ROWS = 4  # rows of a tile in one L1 set from which they evict each other'
 def aliased_rows(xr: Expr, i: str, R: Var, mr: int, machine: CPUMachine) -> bool:
     """Whether X, read in place along the reduction, has rows so far apart (a multiple of the
     span of one L1 way, 4 KB for 32 KB 8-way and 48 KB 12-way caches: K = 1024, 2048, 3072
-    floats) that more than ``ALIAS_ROWS`` of a tile's mr rows map to one L1 set: their lines, one per row at a time, then evict each other before their 16
-    floats are used (128 x 3072 x 768 linear on two threads: 106-150 GFLOP/s at K = 3072, 190
-    at K = 3040)."""
+    floats) that more than ``ALIAS_ROWS`` of a tile's mr rows map to one L1 set: their lines,
+    one per row at a time, then evict each other before their 16 floats are used."""
     if not isinstance(xr, Load):
         return False
     fs = linear_form(xr.index)
@@ -338,8 +335,8 @@ def rows_copy(xr: Expr, i: str, R: Var, row0: Expr, mr: int, xl: int, lo: Expr, 
 def next_rows_prefetch(xr: Expr, i: str, row0: Expr, mr: int, R: Var, Rg: Expr) -> list[Stmt]:
     """Prefetches (to the L2) of the next row tile's X rows at reduction Rg, for a loop that
     runs them once per cache line of reduction: X read in place streams mr rows at once from
-    memory, which the hardware prefetchers follow poorly (a C experiment on the BERT LM head's
-    kernel, two threads: 28.8 -> 24.0 ms). Only where X is contiguous along the reduction."""
+    memory, which the hardware prefetchers follow poorly. Only where X is contiguous along the
+    reduction."""
     if not isinstance(xr, Load):
         return []
     fs = linear_form(xr.index)
@@ -352,8 +349,8 @@ def next_output_prefetch(n: Nest, inext: Expr, j0: Expr, width: int, kc: int, R:
     """Prefetches for writing of the output lines the next row tile's epilogue stores into,
     spread over this tile's reduction (one slot per cache line of it, see above), for a tile
     whose output runs along its rows: it writes mr floats into each of ``width`` output rows
-    (columns j0 + jj), rows usually far apart, and the store buffer waited on their misses
-    (BERT's LM head kernel, two threads: 25.8 -> 22.4 ms in C)."""
+    (columns j0 + jj), rows usually far apart, and the store buffer would wait on their
+    misses."""
     per = -(-width // max(1, kc // line))  # output rows per slot (``line``: floats per cache line)
     slot = Op("floordiv", (R, c(line)), "int64")
     out: list[Stmt] = []
@@ -367,11 +364,11 @@ def next_output_prefetch(n: Nest, inext: Expr, j0: Expr, width: int, kc: int, R:
 def out_kernel(k: Kernel, n: Nest, tbuf: str, M: int, N: int, vw: int, line: int) -> Kernel:
     """The output of a nest whose output runs along its rows, from the finished tiles in
     ``tbuf`` (M x N, row-major, epilogue applied by the tiles). Tile stores straight to the
-    output put mr-element pieces into rows a multiple of 2 KB apart, all in one or two L1 sets
-    (a C experiment: 4.8 -> 3.6 ms for the 128x3072x768 linear's kernel). Here ``line`` output
-    rows (as many columns j of the tiles, one cache line of each row of ``tbuf``) are written at
-    a time, in order along them: ``line`` write streams, ``tbuf`` read once a line at a time (one output row
-    at a time read ``tbuf`` down its columns: 0.39 ms for BERT's 128 x 3072)."""
+    output put mr-element pieces into rows a multiple of 2 KB apart, all in one or two L1 sets.
+    Here ``line`` output rows (as many columns j of the tiles, one cache line of each row of
+    ``tbuf``) are written at a time, in order along them: ``line`` write streams, ``tbuf`` read
+    once a line at a time (one output row at a time would read ``tbuf`` down its columns, one
+    cache line per element)."""
     def move(j: Expr) -> Stmt:
         idx = epilogue_store(n, Const(0.0, "float32"), Var("i"), j).index
         return Store(n.store.buf, idx, Load(tbuf, add(mul(Var("i"), c(N)), j), "float32"))
@@ -383,8 +380,7 @@ def out_kernel(k: Kernel, n: Nest, tbuf: str, M: int, N: int, vw: int, line: int
     if nb and vw and line % vw == 0 and M % vw == 0 and vw & (vw - 1) == 0 \
             and lf is not None and lf[0].get("i") == 1:
         # vw x vw blocks transposed in registers (affine.transpose): vector loads along the
-        # temp's rows, vector stores along the output's: 128 x 768 x 3072 linear's out kernel
-        # 0.30 -> 0.14 ms, the linear 2.50 -> 2.29 ms on two threads
+        # temp's rows, vector stores along the output's, instead of one element at a time
         vt = vector_type("float32", vw)
         j0 = add(mul(Var("jb"), c(line)), mul(Var("tb"), c(vw)))
         reg = transposed_block(
@@ -415,9 +411,9 @@ def transposed_pack(dst: At, pval: Load, loops: tuple[str, str], K: int, nr: int
     """A panel of a Y that is contiguous along the reduction and strided along the columns
     (the transposed weight of a linear layer): blocks of vw reductions x nr columns go through
     a local tile, read as nr vector loads along the reduction and written out a panel row at a
-    time (a strided element gather measured 1.8 ms of a 4.3 ms 128x768x3072 linear); when the
-    columns are whole vectors, vw x vw blocks are transposed in registers instead (128 x 3072
-    activations: 79 -> 48 us). ``cols``: the columns that exist (a partial last panel), zeros
+    time (a strided gather of single elements would cost a large share of the layer's time);
+    when the columns are whole vectors, vw x vw blocks are transposed in registers instead,
+    which is cheaper still. ``cols``: the columns that exist (a partial last panel), zeros
     after them. ``dst``: where element (r, jj) of the panel goes, ``loops`` = (r, jj): the names
     of the reduction and column variables in ``dst.index`` and ``pval``."""
     buf, idx = dst.buf, dst.index
