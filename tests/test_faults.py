@@ -1,5 +1,5 @@
 """Faults around the compiled path: the C compiler missing or failing, a corrupted object in
-the cache, an unusable cache directory, a full disk. Each leaves the user's program running
+the cache, an unusable cache directory, a full disk, processes building one graph into one cache. Each leaves the user's program running
 (through ATen where nothing could be compiled) with one clear warning, and never leaves a
 cache entry that a later run would take for whole."""
 from __future__ import annotations
@@ -162,3 +162,30 @@ def test_compile_over_its_budget_runs_in_aten(tmp_path, caplog):
     st = polytile.stats()
     assert st["graphs_compiled"] == 0 and st["graphs_failed"] == 2, st
     assert any("compile_budget_s" in w.getMessage() for w in _warnings(caplog))
+
+
+_RACE = r"""
+import sys, torch, polytile
+torch.manual_seed(int(sys.argv[2]))
+a, b = torch.randn(40, 30), torch.randn(30, 20)
+f = lambda a, b: torch.softmax(torch.tanh(a @ b) * 3, -1)
+out = torch.compile(f, backend="polytile", options={"cache_dir": sys.argv[1], "fallback": False})(a, b)
+torch.testing.assert_close(out, f(a, b))
+st = polytile.stats()
+assert st["graphs_compiled"] == 1 and st["graphs_failed"] == 0, st
+print("ok", st["cache_hits"], st["cache_misses"])
+"""
+
+
+def test_processes_compiling_one_graph_into_one_cache_at_once(tmp_path):
+    """Three interpreters compile the same graph into one cache directory at the same time:
+    each gets a working graph (built by itself or loaded from another's entry), and the
+    cache holds whole entries only."""
+    d = str(tmp_path / "cache")
+    procs = [subprocess.Popen([sys.executable, "-c", _RACE, d, str(k)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for k in range(3)]
+    outs = [p.communicate(timeout=600) for p in procs]
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0 and out.startswith("ok"), err[-2000:]
+    _entries_whole(d)
+    assert len([n for n in os.listdir(d) if n.endswith(".so")]) == 1
