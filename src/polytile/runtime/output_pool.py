@@ -2,11 +2,11 @@
 
 A fresh multi-megabyte buffer from malloc is fresh pages from the kernel: every 4 KB page faults
 on its first write, inside the first kernel that writes it. In a virtual machine a fault costs
-microseconds, so a model's 25 MB logits cost 5-13 ms of faults per call, 10-25% of an LM head's
-GEMM. ``OutputPool`` keeps the backing memory of large outputs: each output tensor is a view of a
-block the pool owns, and when the last tensor (or view, or numpy array) on that memory dies, a
-finalizer hands the block back for the next call. Liveness is exact: a block is reused only after
-its storage is gone, never by guessing from reference counts.
+microseconds, so the faults on a model's 25 MB of logits add a sizeable part of an LM head's
+GEMM time to every call. ``OutputPool`` keeps the backing memory of large outputs: each output
+tensor is a view of a block the pool owns, and when the last tensor (or view, or numpy array) on
+that memory dies, a finalizer hands the block back for the next call. Liveness is exact: a block
+is reused only after its storage is gone, never by guessing from reference counts.
 
 Such tensors have non-resizable storage (``resize_`` to a larger size raises); everything else
 about them is an ordinary contiguous CPU tensor.

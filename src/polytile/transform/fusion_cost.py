@@ -60,8 +60,8 @@ def inline_pays(value: Expr, reads_per_element: float, into_contraction: bool = 
     """Whether to recompute a producer's value at each use instead of storing it: always when
     each element is read about once; otherwise when the recomputation stays within budget and
     the consumer is not a contraction (its operands must stay plain loads to be packed or
-    vectorized: a batch norm + ReLU6 recomputed in a stride-2 depthwise convolution made
-    MobileNetV2 12% slower, measured)."""
+    vectorized: a batch norm + ReLU6 recomputed in a stride-2 depthwise convolution slows
+    MobileNetV2 down)."""
     if reads_per_element <= 1.0 + 1e-9:
         return True
     if reads_per_element > MAX_REUSE or into_contraction:

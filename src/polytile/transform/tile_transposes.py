@@ -1,10 +1,9 @@
 """Tile transposing copies for locality (rectangular tiling of a permutable band).
 
 A nest that stores along its innermost loop v (unit stride) while reading along v with a
-large stride touches a new cache line (often a new page) for every element it reads: a
-1024 x 1024 transpose of XLNet's projection weights took 4.8 ms per call. With a loop u
-outside it along which the read is contiguous, both are tiled by B (one cache line of
-floats):
+large stride touches a new cache line (often a new page) for every element it reads (a
+1024 x 1024 transpose of XLNet's projection weights, for one). With a loop u outside it along
+which the read is contiguous, both are tiled by B (one cache line of floats):
 
     for u, ..., v:  out[.. + v] = f(in[u + .. + S*v])
   ==>

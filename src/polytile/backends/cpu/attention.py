@@ -20,15 +20,14 @@ along the vectors (Q packed transposed, K read in place and broadcast, V read in
 rows are contiguous: no pack nest then): the per-row max and sum become
 vector max/add down the columns, exp(m_old - m_new) one vector exp per VW queries instead of
 a scalar expf per row, and the o *= alpha pass moves into the load of the output register
-tile. Measured against the row form on this Xeon (two threads): 1x12 L512 D64 3.30 -> 3.03 ms,
-8x12 L128 2.26 -> 1.97, 1x12 L1024 causal 6.83 -> 6.31, 1x12 L197 0.69 -> 0.65.
+tile.
 
 The score matrix exists only as the BR x BC tile ``s``. Tile sizes come from the CPUMachine:
 BC from the L1 size, the register rows from the vector registers, BR so that the row
-state fits in a quarter of the L2 and there are at least two tasks per core. (Measured on
-an AVX-512 Xeon: summing each row through a vector accumulator and its lanes, or the row
-max from the registers with the row update vectorized over rows, were 5-15% slower than
-these plain row loops, which the C compiler vectorizes.)
+state fits in a quarter of the L2 and there are at least two tasks per core. The row form
+keeps plain row loops, which the C compiler vectorizes: summing each row through a vector
+accumulator and its lanes, or taking the row max from the registers with the row update
+vectorized over rows, is slower.
 """
 from __future__ import annotations
 
@@ -91,7 +90,7 @@ def cols_tile_sizes(t: CPUMachine, L: int, S: int, D: int, Dv: int, tasks_outsid
     ts = tile_sizes(t, L, S, D, Dv, tasks_outside, threads)
     vw = ts["VW"]
     # up to 4 query vectors; the fewest padded rows, weighted by how much slower the narrower
-    # register tiles are (measured, L = 197: BR 16 / 32 / 48 / 64 took 0.83 / 0.64 / 0.66 / 0.71 ms)
+    # register tiles are
     slower = {1: 1.4, 2: 1.05, 3: 1.02, 4: 1.0}
     br = min((k * vw for k in range(4, 0, -1)), key=lambda b: -(-L // b) * b * slower[b // vw])
     while br > vw and tasks_outside * -(-L // br) < 2 * threads:
@@ -142,8 +141,7 @@ def lower_attention(b, n: Node, target: CPUMachine, threads: int) -> tuple[list[
             (qscale[0], qscale[1] * g if qscale[0] == "mul" else qscale[1] / g)
     # the key-major form with no steps but causal ones works in base 2: log2(e) joins the Q
     # scale, so the scores and maxima are in units of log2 and every exp is an exp2, which
-    # needs no Cody-Waite reduction (1x12 L512 D64 in C: 4.09 -> 3.98 ms); the probabilities,
-    # sums and output are the same
+    # needs no Cody-Waite reduction; the probabilities, sums and output are the same
     base2 = cols and all(st[0] == "causal" for st in steps)
     if base2:
         qscale = ("mul", LOG2E) if qscale is None else \
@@ -189,7 +187,7 @@ def lower_attention(b, n: Node, target: CPUMachine, threads: int) -> tuple[list[
         guarded(L % BR != 0, _lt(qrow, c(L)), Store("qp", qidx, qval), Store("qp", qidx, Const(0.0, F32))),)),))
     if cols and D % VW == 0 and BR % VW == 0 and VW & (VW - 1) == 0:
         # Q^T in registers, VW x VW blocks (when Q's rows are contiguous along d): the element
-        # loop read a new line per element (1x8 L64 D32 / 8x12 L128 D64: 11% of the kernel)
+        # loop reads a new cache line per element
         qbase = q
         while qbase.op == "view":
             qbase = qbase.inputs[0]
@@ -473,8 +471,7 @@ def _pv_chunks(nv: int, rv: int, br: int, regs: int) -> list[tuple[int, int, int
     columns: with more than PV_CHUNK vectors (Dv = 128: eight) the columns go in chunks of
     PV_CHUNK, each a loop over all the row groups, so the chunk of the V tile (BC x 64 floats)
     stays in L1 while the rows pass over it, and the tile has more rows than 2 x 8 vectors
-    (one V load per broadcast before; the V tile came from L2 for every pair of rows).
-    Measured, two threads, 1x16 L1024 D128: see the commit."""
+    (unchunked: one V load per broadcast, the V tile from L2 for every pair of rows)."""
     if nv <= PV_CHUNK:
         return [(0, nv, rv)]
     out = []
@@ -493,7 +490,7 @@ def _register_tile(name: str, rows: int, nvec: int, vt: str, loop: For, x_of, y_
     ``store(a, y, acc)``."""
     acc = [[Var(f"{name}a{a}_{y}", vt) for y in range(nvec)] for a in range(rows)]
     # each y vector meets ``rows`` broadcasts: held in a register, not reloaded by every FMA
-    # (1x12 L512 D64 on Zen 4, in C: 4.95 -> 4.04 ms; the kernel was bound by the 512-bit loads)
+    # (reloaded, the kernel is bound by the 512-bit loads)
     pin = in_register if rows > 1 else (lambda e: e)
     inner: list[Stmt] = [Let(f"{name}y{y}", vt, pin(y_of(y))) for y in range(nvec)]
     for a in range(rows):

@@ -55,7 +55,7 @@ def _grad_weight(b, go, x, kernel, stride, padding, dilation, groups):
     """d(conv)/d(weight) of a strided or 1x1 convolution as a GEMM per group: the gradient
     [O/g, N*OH*OW] times the input's windows [N*OH*OW, C/g*KH*KW] (a strided view of the padded
     input, copied into rows). Stride-1 kernels, and groups of few channels (depthwise), convolve
-    instead (``_grad_weight_conv``): measured faster for them, slower for strided ones."""
+    instead (``_grad_weight_conv``): faster for them, slower for strided ones."""
     N, C, H, W = x.shape
     O, (OH, OW), g, (KH, KW) = go.shape[1], go.shape[2:], groups, kernel
     Cg = C // g
