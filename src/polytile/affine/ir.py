@@ -336,22 +336,48 @@ def rename_buffers(body: tuple[Stmt, ...], m: dict[str, str]) -> tuple[Stmt, ...
     return tuple(out)
 
 
-def canonical_order(body: tuple[Stmt, ...]) -> list[str]:
-    """Program buffers of a body in order of first appearance (structure-determined)."""
-    order: dict[str, None] = {}
+def structure_key(body: tuple[Stmt, ...]) -> tuple[tuple, list[str]]:
+    """(a hashable key of ``body``'s structure with its program buffers (not its local arrays)
+    numbered by first appearance, those buffers' names in that order): bodies that differ only
+    in which buffers they touch get equal keys. One walk building tuples, no renamed copy of
+    the body (``rename_buffers`` makes one where it is needed: a kernel function's body)."""
     local = local_arrays(body)
-    for s in walk_stmts(body):
-        for e in stmt_exprs(s):
-            for x in walk_exprs(e):
-                if isinstance(x, Load) and x.buf not in local:
-                    order.setdefault(x.buf)
-        if isinstance(s, (Store, Prefetch)) and s.buf not in local:
-            order.setdefault(s.buf)
-    return list(order)
+    names: dict[str, int] = {}
+
+    def buf(n: str):
+        if n in local:
+            return n
+        return names.setdefault(n, len(names))
+
+    def ex(e: Expr) -> tuple:
+        if isinstance(e, Load):
+            return ("L", buf(e.buf), ex(e.index), e.dtype)
+        if isinstance(e, Op):
+            return ("O", e.fn, e.dtype, tuple(ex(a) for a in e.args))
+        if isinstance(e, Const):
+            return ("C", e._key())
+        return ("V", e.name, e.dtype)
+
+    def st(b: tuple[Stmt, ...]) -> tuple:
+        out = []
+        for x in b:
+            if isinstance(x, For):
+                out.append(("F", x.var, ex(x.lo), ex(x.hi), x.parallel, x.workers, st(x.body)))
+            elif isinstance(x, Store):
+                out.append(("S", ex(x.index), ex(x.value), buf(x.buf)))
+            elif isinstance(x, Let):
+                out.append(("=", x.name, x.dtype, ex(x.value)))
+            elif isinstance(x, Assign):
+                out.append(("+", x.name, ex(x.value)))
+            elif isinstance(x, If):
+                out.append(("I", ex(x.cond), st(x.then), st(x.orelse)))
+            elif isinstance(x, Prefetch):
+                out.append(("P", ex(x.index), buf(x.buf), x.locality, x.write))
+            else:  # Alloc, Fail: no program buffer in them
+                out.append(x)
+        return tuple(out)
+
+    key = st(body)
+    return key, list(names)
 
 
-def canonicalize(body: tuple[Stmt, ...]) -> tuple[tuple[Stmt, ...], list[str]]:
-    """(body with buffers renamed b0, b1, ... by first appearance, original names in that order).
-    Kernels that differ only in which buffers they touch get equal canonical bodies."""
-    order = canonical_order(body)
-    return rename_buffers(body, {n: f"b{k}" for k, n in enumerate(order)}), order

@@ -6,7 +6,7 @@ from typing import Callable
 
 from ..affine.transpose import interleave_mask
 from ..affine.ir import (INDEX, Alloc, Assign, Const, Expr, Fail, For, If, Kernel, Let, Load, Op, Prefetch,
-                         Program, Stmt, Store, Var, buffers_used, canonicalize, lanes, walk_exprs)
+                         Program, Stmt, Store, Var, buffers_used, lanes, rename_buffers, structure_key, walk_exprs)
 
 CTYPE = {"float32": "float", "float64": "double", "int64": "int64_t", "int32": "int32_t",
          "int16": "int16_t", "int8": "int8_t", "uint8": "uint8_t", "bool": "bool",
@@ -415,14 +415,15 @@ def render(p: Program, offsets: dict[str, int], entry: str = "pt_entry", units: 
     bodies: list[tuple[str, list[str]]] = []  # (prototype, lines)
     calls = []
     for k in p.kernels:
-        canon, order = canonicalize(k.body)
+        shape, order = structure_key(k.body)
         _, writes = buffers_used(k)
         types = tuple((bufs[n].dtype, n in writes) for n in order)
         fma = k.contraction or k.origin.startswith("attention")
-        key = (canon, types, fma)
+        key = (shape, types, fma)
         fname = funcs.get(key)
         if fname is None:
             fname = funcs[key] = k.name
+            canon = rename_buffers(k.body, {n: f"b{i}" for i, n in enumerate(order)})
             params = ", ".join(f"{'' if w else 'const '}{CTYPE[dt]}* restrict b{i}" for i, (dt, w) in enumerate(types))
             # contractions (and attention) multiply-add with one rounding, as eager's GEMM and
             # convolution kernels do; everywhere else a * b + c rounds twice, as eager's

@@ -4,9 +4,10 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..affine import isl as pisl
-from ..affine.ir import For, If, Kernel, Program, Stmt, canonicalize, rename_buffers, trip_count
+from ..affine.ir import For, If, Kernel, Program, Stmt, structure_key, trip_count, walk_stmts
 
-# canonical kernel body + buffer sizes -> checked body (identical layers are checked once)
+# structure key of a kernel body + its buffers' sizes -> the parallel flags of its loops after
+# the check, in walk order (identical layers are checked once)
 _checked: dict = {}
 
 
@@ -29,21 +30,41 @@ def check_parallel(p: Program) -> Program:
 
     kernels = []
     for k in p.kernels:
-        canon, order = canonicalize(k.body)
-        key = (canon, tuple(sizes[n] for n in order))
+        loops = [s for s in walk_stmts(k.body) if isinstance(s, For)]
+        if not any(f.parallel for f in loops):  # nothing claimed: nothing to check
+            kernels.append(k)
+            continue
+        key, order = structure_key(k.body)
+        key = (key, tuple(sizes[n] for n in order))
         try:
-            done = _checked.get(key)
+            flags = _checked.get(key)
         except TypeError:  # unhashable constant: no memo
-            done, key = None, None
-        if done is None:
-            csizes = {f"b{i}": sizes[n] for i, n in enumerate(order)}
-            done = fix(canon, 0, pisl.accesses(canon, csizes))
+            flags, key = None, None
+        if flags is None:
+            checked = fix(k.body, 0, pisl.accesses(k.body, sizes))
+            flags = tuple(s.parallel for s in walk_stmts(checked) if isinstance(s, For))
             if key is not None:
                 if len(_checked) > 4096:
                     _checked.clear()
-                _checked[key] = done
-        kernels.append(replace(k, body=rename_buffers(done, {f"b{i}": n for i, n in enumerate(order)})))
+                _checked[key] = flags
+        if flags == tuple(f.parallel for f in loops):
+            kernels.append(k)
+        else:
+            kernels.append(replace(k, body=_with_flags(k.body, iter(flags))))
     return replace(p, kernels=tuple(kernels))
+
+
+def _with_flags(body: tuple[Stmt, ...], flags) -> tuple[Stmt, ...]:
+    """``body`` with the ``parallel`` marks of its loops taken from ``flags`` (walk order)."""
+    out = []
+    for s in body:
+        if isinstance(s, For):
+            par = next(flags)
+            s = replace(s, parallel=par, body=_with_flags(s.body, flags))
+        elif isinstance(s, If):
+            s = replace(s, then=_with_flags(s.then, flags), orelse=_with_flags(s.orelse, flags))
+        out.append(s)
+    return tuple(out)
 
 
 def _work(body: tuple[Stmt, ...]) -> int:
