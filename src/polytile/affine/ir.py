@@ -82,7 +82,17 @@ def in_register(e: Expr) -> Op:
 
 
 def c(v: int) -> Const:
-    return Const(int(v), INDEX)
+    """The index constant v (small ones shared: constants are immutable)."""
+    v = int(v)
+    k = _SMALL.get(v)
+    if k is None:
+        k = Const(v, INDEX)
+        if -256 <= v < 4096:
+            _SMALL[v] = k
+    return k
+
+
+_SMALL: dict[int, Const] = {}
 
 
 def add(a: Expr, b: Expr) -> Expr:

@@ -13,11 +13,16 @@ MAX_ORIGIN = 160
 
 
 def map_expr(e: Expr, fn: Callable[[Expr], Expr]) -> Expr:
-    """Rewrite bottom-up: children first, then ``fn`` on the rebuilt node."""
+    """Rewrite bottom-up: children first, then ``fn`` on the rebuilt node (the node itself where
+    no child changed: most of a kernel's subexpressions come through a rewrite untouched)."""
     if isinstance(e, Load):
-        e = replace(e, index=map_expr(e.index, fn))
+        index = map_expr(e.index, fn)
+        if index is not e.index:
+            e = Load(e.buf, index, e.dtype)
     elif isinstance(e, Op):
-        e = replace(e, args=tuple(map_expr(a, fn) for a in e.args))
+        args = tuple(map_expr(a, fn) for a in e.args)
+        if any(x is not y for x, y in zip(args, e.args)):
+            e = Op(e.fn, args, e.dtype)
     return fn(e)
 
 
