@@ -57,13 +57,17 @@ def test_conv1d_backward_and_partial_output_mask():
     torch.testing.assert_close(out[1], ref[1], atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("k,s,p,include_pad", [(2, 2, 0, True), (3, 2, 1, True), (3, 2, 1, False), (3, 1, 1, False)])
-def test_avg_pool_backward(k, s, p, include_pad):
-    x = torch.randn(2, 3, 9, 9)
-    go = torch.randn_like(F.avg_pool2d(x, k, s, p, False, include_pad))
+@pytest.mark.parametrize("k,s,p,include_pad,ceil", [(2, 2, 0, True, False), (3, 2, 1, True, False),
+                                                   (3, 2, 1, False, False), (3, 1, 1, False, False),
+                                                   # ceil_mode: a last window past the input's end
+                                                   (3, 2, 0, True, True), (2, 2, 1, False, True),
+                                                   (3, 3, 1, True, True)])
+def test_avg_pool_backward(k, s, p, include_pad, ceil):
+    x = torch.randn(2, 3, 8, 10)
+    go = torch.randn_like(F.avg_pool2d(x, k, s, p, ceil, include_pad))
 
     def f(go, x):
-        return aten.avg_pool2d_backward(go, x, [k, k], [s, s], [p, p], False, include_pad, None)
+        return aten.avg_pool2d_backward(go, x, [k, k], [s, s], [p, p], ceil, include_pad, None)
 
     torch.testing.assert_close(_compiled(f)(go, x), f(go, x), atol=1e-5, rtol=1e-5)
     _no_fallback()

@@ -119,22 +119,38 @@ def avg_pool2d_backward(ctx, go, x, kernel_size, stride, padding, ceil_mode, cou
     x4, go4 = (x, go) if len(x.shape) == 4 else (b.unsqueeze(x, 0), b.unsqueeze(go, 0))
     N, C, H, W = x4.shape
     k, s, p = _pair(kernel_size), _pair(stride or kernel_size), _pair(padding)
-    if ceil_mode:
-        raise Unsupported("avg_pool2d gradient with ceil_mode")
     OH, OW = go4.shape[2:]
-    if (OH, OW) != (window_out(H, k[0], s[0], p[0], 1), window_out(W, k[1], s[1], p[1], 1)):
+    if (OH, OW) != (window_out(H, k[0], s[0], p[0], 1, bool(ceil_mode)),
+                    window_out(W, k[1], s[1], p[1], 1, bool(ceil_mode))):
         raise Unsupported("avg_pool2d gradient: unexpected output size")
+    ones = b.full(1.0, x.dtype, [1, 1, H, W])
+
+    def pool_of_ones(**kw):
+        return b.node("pool2d", [ones], mode="avg", kernel=k, stride=s, padding=p, dilation=(1, 1),
+                      ceil_mode=bool(ceil_mode), **kw)
+
     if divisor_override:
         scaled = b.ew("div", go4, float(divisor_override))
+    elif ceil_mode:
+        # a last window past the input's end has a divisor of its own (as the forward pool
+        # computes it): 1 / divisor = (the pool of ones) / (the count of its real pixels)
+        real = pool_of_ones(count_include_pad=True, divisor=1)
+        mean = pool_of_ones(count_include_pad=bool(count_include_pad), divisor=None)
+        scaled = b.ew("mul", go4, b.ew("div", mean, real))
     elif count_include_pad:
         scaled = b.ew("div", go4, float(k[0] * k[1]))
     else:  # the window's count of real pixels: the same pool of ones
-        ones = b.full(1.0, x.dtype, [1, 1, H, W])
-        cnt = b.node("pool2d", [ones], mode="avg", kernel=k, stride=s, padding=p, dilation=(1, 1),
-                     ceil_mode=False, count_include_pad=True, divisor=1)
-        scaled = b.ew("div", go4, cnt)
+        scaled = b.ew("div", go4, pool_of_ones(count_include_pad=True, divisor=1))
     w = b.full(1.0, x.dtype, [C, 1, *k])
-    gi = grad_input(b, scaled, b.materialize(w), (H, W), s, p, (1, 1), C)
+    # the rows and columns after the last window (none when, with ceil_mode, it ends past the
+    # input: the gradient is then computed that far and cut to the input)
+    reach = [(o - 1) * st + kk - 2 * pp for o, st, kk, pp in zip((OH, OW), s, k, p)]
+    extra = tuple(max(0, n - r) for n, r in zip((H, W), reach))
+    gi = grad_input(b, scaled, b.materialize(w), (H, W), s, p, (1, 1), C, extra=extra)
+    if reach[0] > H:
+        gi = b.slice(gi, 2, 0, H)
+    if reach[1] > W:
+        gi = b.slice(gi, 3, 0, W)
     return gi if len(x.shape) == 4 else b.squeeze(gi, [0])
 
 
