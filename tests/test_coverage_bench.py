@@ -118,3 +118,20 @@ def test_tiny_model_in_a_child_interpreter(tmp_path):
     r = coverage.run_isolated(spec, {"threads": 2}, timeout=300, log_dir=str(tmp_path))
     assert r["status"] in ("pass", "fallback") and r["final"], r
     assert os.path.exists(r["log"])
+
+
+def test_a_parameter_outside_the_loss_has_no_gradient_or_a_zero_one():
+    """Eager leaves a parameter outside the loss without a gradient; a compiled graph that also
+    returns the unused output gives it zeros: the same. A nonzero one, or one missing with
+    nonzero on the other side, still differs."""
+    import torch
+
+    from polytile.accuracy import check_accuracy, matching_gradients
+
+    g = torch.ones(3)
+    res, ref = matching_gradients({"a": g, "pooler": torch.zeros(2)}, {"a": g})
+    assert set(res) == set(ref) == {"a"} and check_accuracy(res, ref, None, 1e-3)[0]
+    res, ref = matching_gradients({"a": g, "pooler": torch.full((2,), 1e-3)}, {"a": g})
+    assert not check_accuracy(res, ref, None, 1e-3)[0]
+    res, ref = matching_gradients({"a": g}, {"a": g, "b": torch.ones(2)})
+    assert not check_accuracy(res, ref, None, 1e-3)[0]

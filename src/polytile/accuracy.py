@@ -226,3 +226,16 @@ def fp64_reference(model: Callable, inputs: Any) -> Any:
         if isinstance(inputs, (tuple, list)):
             return m(*_to64(tuple(inputs)))
         return m(_to64(inputs))
+
+
+def matching_gradients(res: dict, ref: dict) -> tuple[dict, dict]:
+    """Gradient dicts (parameter name -> gradient) without the parameters that one side left
+    with no gradient and the other gave an all-zero one: a parameter outside the loss has
+    none in eager (autograd never reaches it), while a compiled graph that also returns the
+    unused output gives it zeros (AOTAutograd's gradient of an output no one differentiated).
+    Any other difference in the keys stays, and fails the comparison."""
+    def zero(g) -> bool:
+        return g is not None and not bool(g.any())
+
+    drop = {k for k in set(res) ^ set(ref) if zero(res.get(k)) or zero(ref.get(k))}
+    return ({k: v for k, v in res.items() if k not in drop}, {k: v for k, v in ref.items() if k not in drop})

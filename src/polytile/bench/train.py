@@ -14,7 +14,7 @@ import time
 
 import torch
 
-from ..accuracy import check_accuracy
+from ..accuracy import check_accuracy, matching_gradients
 from . import zoo
 from .suite import ModelResult, _short, time_systems
 
@@ -85,7 +85,8 @@ def run_train_model(spec: zoo.ModelSpec, *, batch: int | None = None, threads: i
     st = polytile.stats()
     res.fallbacks, res.kernels = st["ops_fallen_back"], st["kernels_generated"]
     _step(w, w.model)
-    ok, details = check_accuracy(_grads(mine), _grads(w.model), lambda: _fp64_grads(w, w.model), TOL)
+    ok, details = check_accuracy(*matching_gradients(_grads(mine), _grads(w.model)), lambda: _fp64_grads(w, w.model),
+                                 TOL)
     if ok:  # a few optimizer steps, then the weights
         opts = [torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9) for m in (w.model, mine)]
         for _ in range(STEPS):

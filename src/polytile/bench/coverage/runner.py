@@ -149,7 +149,7 @@ def run_one(spec: Spec, cfg: dict, progress: Callable[[dict], None] | None = Non
     import torch
 
     import polytile
-    from ...accuracy import check_accuracy, fp64_reference
+    from ...accuracy import check_accuracy, fp64_reference, matching_gradients
     from ...benchmarking import time_side_by_side
 
     train = bool(cfg.get("train"))
@@ -248,6 +248,8 @@ def run_one(spec: Spec, cfg: dict, progress: Callable[[dict], None] | None = Non
                 thunk = _safe_thunk(lambda: _fp64_train(w, init), notes)
             else:
                 thunk = _safe_thunk(lambda: fp64_reference(model, w.inputs), notes)
+            if train:
+                out["grads"], ref["grads"] = matching_gradients(out["grads"], ref["grads"])
             try:
                 ok, details = check_accuracy(out, ref, thunk, tol)
             except Exception as e:
