@@ -279,6 +279,20 @@ def zeros(ctx, *args, **kwargs):
     return _full(ctx, 0)
 
 
+@lowers(aten.new_empty_strided.default)
+def new_empty_strided(ctx, x, size, stride, dtype=None, layout=None, device=None, pin_memory=None):
+    """Uninitialized memory: zeros, when the strides asked for are the contiguous ones (the
+    graph's tensors are; a later as_strided of other strides would read another layout)."""
+    _check_device(device)
+    expect, acc = [], 1
+    for k in reversed(size):
+        expect.append(acc)
+        acc *= max(k, 1)
+    if any(k > 1 and st != e for k, st, e in zip(size, stride, reversed(expect))):
+        raise Unsupported("new_empty_strided with strides other than contiguous")
+    return _full(ctx, 0)
+
+
 @lowers(aten.ones_like.default, aten.ones.default, aten.new_ones.default)
 def ones(ctx, *args, **kwargs):
     _check_device(kwargs.get("device"))

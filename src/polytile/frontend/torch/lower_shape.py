@@ -79,6 +79,34 @@ def as_strided(ctx, x, size, stride, storage_offset=None):
     return ctx.b.as_strided(x, list(size), list(stride), start)
 
 
+@lowers(aten.as_strided_scatter.default)
+def as_strided_scatter(ctx, x, src, size, stride, storage_offset=None):
+    """x with the elements of its as_strided(size, stride, storage_offset) view set to src: an
+    index_put on x's elements in memory order, at the view's positions (offset plus the sum of
+    iota times stride over the view's dims). For a contiguous x starting its storage (the
+    functionalized graphs' bases), whose memory order is its element order."""
+    b = ctx.b
+    val = ctx.node.args[0].meta.get("val")
+    if val is None or not val.is_contiguous() or val.storage_offset() != 0:
+        raise Unsupported("as_strided_scatter into a tensor that is not a contiguous storage of its own")
+    off = 0 if storage_offset is None else int(storage_offset)
+    n = max(1, x.numel)
+    last = off + sum((k - 1) * st for k, st in zip(size, stride)) if all(size) else off
+    if off < 0 or last >= n or any(st < 0 for st in stride) or not all(size):
+        raise Unsupported("as_strided_scatter reaching outside its input")
+    idx = b.full(off, "int64")
+    for d, (k, st) in enumerate(zip(size, stride)):
+        step = b.ew("mul", b.iota(k, "int64"), b.full(int(st), "int64"))
+        idx = b.ew("add", idx, b.reshape(step, [1] * d + [k] + [1] * (len(size) - d - 1)))
+    count = 1
+    for k in size:
+        count *= k
+    idx = b.reshape(b.expand(idx, list(size)), [count])
+    vals = b.reshape(b.cast(src, x.dtype), [count])
+    flat = b.reshape(x, [n])
+    return b.reshape(b.node("index_put", [flat, vals, idx], dims=(0,), accumulate=False, wrap=False), list(x.shape))
+
+
 @lowers(aten.split.Tensor)
 def split(ctx, x, split_size, dim=0):
     n = x.shape[dim]
