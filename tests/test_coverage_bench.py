@@ -135,3 +135,17 @@ def test_a_parameter_outside_the_loss_has_no_gradient_or_a_zero_one():
     assert not check_accuracy(res, ref, None, 1e-3)[0]
     res, ref = matching_gradients({"a": g}, {"a": g, "b": torch.ones(2)})
     assert not check_accuracy(res, ref, None, 1e-3)[0]
+
+
+def test_timm_models_without_stochastic_depth_build_for_training():
+    """Training builds ask timm for drop_path_rate=0; models that have no such argument (DPN,
+    ConvMixer, Inception-v3) are built without it, not reported unbuildable."""
+    import importlib
+
+    import torch
+
+    from polytile.bench.coverage.lists import Spec
+
+    build = importlib.import_module("polytile.bench.coverage.build")
+    with torch.device("meta"):
+        assert type(build._timm_model(Spec(suite="timm", name="convmixer_768_32"), True)).__name__ == "ConvMixer"

@@ -118,6 +118,13 @@ def _timm_model(spec: Spec, train: bool):
         if "Unknown model" in str(e):
             raise NotBuildable(f"timm {timm.__version__}: {e}") from None
         raise
+    except TypeError as e:
+        # a model without stochastic depth takes no drop_path_rate (dropout is turned off
+        # module by module afterwards in training mode anyway)
+        if "drop_path_rate" not in str(e) or "drop_path_rate" in spec.overrides:
+            raise
+        kw.pop("drop_path_rate")
+        return timm.create_model(spec.name, pretrained=False, **kw)
 
 
 def _image_inputs(spec: Spec, model, batch: int, gen, default=(3, 224, 224)) -> Workload:
