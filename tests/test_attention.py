@@ -205,13 +205,19 @@ class HFStyleAttention(torch.nn.Module):
         return self.o(o)
 
 
-def test_written_out_gqa_with_mask_and_eval_dropout():
+def test_written_out_gqa_with_mask_and_eval_dropout(tmp_path):
+    """HF's repeat_kv (expand + reshape: a copy of K and V per query head) is undone: the
+    attention node reads the shared heads (kv_group 2), no copy is made."""
     m = HFStyleAttention().eval()
     x = torch.randn(2, 19, 64)
     mask = torch.zeros(2, 1, 19, 19)
     mask[1, ..., 15:] = -1e9  # padding of the second sequence
-    st = _run(m, (x, mask))
+    st = _run(m, (x, mask), dump_dir=str(tmp_path))
     assert st.get("attention_fused", 0) == 1
+    graph = next(tmp_path.rglob("*graph_fuse_attention.txt")).read_text()
+    att = next(line for line in graph.splitlines() if "= attention(" in line)
+    # (Q's copy into heads stays; no copy of the expanded K or V [B, KH, rep, L, D])
+    assert "kv_group=2" in att and "float32[2, 2, 2, 19, 16]" not in graph, graph
 
 
 def test_written_out_cross_attention_timm_style():
