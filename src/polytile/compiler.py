@@ -38,7 +38,9 @@ def compile_graph_ir(graph: Graph, input_specs: list[TensorSpec], options: Optio
         verify_graph(graph)
     if dumper:
         dumper.write("graph.txt", format_graph(graph))
-    if options.fusion and options.fuse_attention:
+    lowerings = backend.op_lowerings(machine, options)
+    # the fused attention op exists only for targets that lower it
+    if options.fusion and options.fuse_attention and "attention" in lowerings:
         try:
             graph = fuse_attention(graph)
         except Exception as e:  # the rewrite is an optimization: compile the graph without it
@@ -50,7 +52,7 @@ def compile_graph_ir(graph: Graph, input_specs: list[TensorSpec], options: Optio
             dumper.write("graph_fuse_attention.txt", format_graph(graph))
     t1 = time.perf_counter()
     stats.add_phase("graph passes", t1 - t0)
-    prog = build(graph, backend.op_lowerings(machine, options))
+    prog = build(graph, lowerings)
     if options.cache_weights:
         prog = mark_static_inputs(prog, {k for k, s in enumerate(input_specs) if s.static})
     stats.add_phase("affine build", time.perf_counter() - t1)

@@ -25,6 +25,12 @@ def _default_threads() -> int:
     return max(1, torch.get_num_threads())
 
 
+def triton_interpreter() -> bool:
+    """Whether Triton runs kernels in its CPU interpreter (``TRITON_INTERPRET=1``, which Triton
+    reads when it is imported): the GPU backend then takes CPU tensors."""
+    return os.environ.get("TRITON_INTERPRET", "") not in ("", "0")
+
+
 @dataclass(frozen=True)
 class Options:
     """Every knob of the compiler. Pass as ``torch.compile(..., options={...})``."""
@@ -95,8 +101,8 @@ class Options:
     through ``.data`` bypasses the version counter and is NOT seen (the old values are used):
     turn this on only for code that never updates weights that way."""
     target: str | None = None
-    """The backend that compiles the graph (``"cpu"``, see ``polytile.backends``); None: the
-    one for the device of the graph's inputs."""
+    """The backend that compiles the graph (``"cpu"`` or ``"gpu"``, see ``polytile.backends``);
+    None: the one for the device of the graph's inputs (``"gpu"`` for CUDA tensors)."""
     machine: Any = None
     """Overrides of the target's machine description, which its cost models read: for the CPU
     the fields of ``polytile.backends.cpu.machine.CPUMachine``, e.g. ``{"vector_bytes": 16}``,

@@ -33,6 +33,10 @@ class Backend(ABC):
     name: str = ""
     device: str = ""  # the torch device type whose tensors its compiled graphs take
 
+    def accepts(self, device: str) -> bool:
+        """Whether its compiled graphs take tensors of this torch device type."""
+        return device == self.device
+
     @abstractmethod
     def machine(self, overrides: Mapping[str, Any] | None) -> Any:
         """The machine description the cost models read: detected, with ``overrides`` applied."""
@@ -83,7 +87,7 @@ def select(target: str | None, device: str = "cpu") -> Backend:
     if target not in BACKENDS:
         raise ValueError(f"polytile: unknown target {target!r}; targets are {sorted(BACKENDS)}")
     b = BACKENDS[target]
-    if b.device != device:
+    if not b.accepts(device):
         raise Unsupported(f"target {target!r} runs on {b.device} tensors, the graph's inputs are on {device}")
     return b
 
@@ -93,3 +97,7 @@ def _load_builtin() -> None:
         from .cpu import CPUBackend
 
         register(CPUBackend())
+    if "gpu" not in BACKENDS:
+        from .gpu import GPUBackend
+
+        register(GPUBackend())

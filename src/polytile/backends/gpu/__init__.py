@@ -1,0 +1,67 @@
+"""The NVIDIA GPU backend: Triton kernels derived from the affine program.
+
+Its machine description is ``machine.GPUMachine`` (SM count, shared memory, tensor-core
+shapes; detected from the visible device, or a preset); its cost model (``plan``) gives each
+kernel a ``KernelPlan``: a block tile with ``tl.dot`` for contractions, lanes for the rest;
+``emit`` renders the kernels (``codegen.triton``), imports them and returns a
+``runtime.triton_launcher.TritonGraph``.
+
+Without a GPU, the kernels run in Triton's interpreter on CPU tensors when
+``TRITON_INTERPRET=1`` is set before Triton is imported (the test suite does so): the
+backend then accepts CPU inputs (``options={"target": "gpu"}``). The same kernels compile
+ahead of time for sm_80 / sm_90a / sm_100a without a driver (``aot``).
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Mapping
+
+from ... import counters as stats
+from ...codegen.triton import render_module
+from ...options import triton_interpreter
+from ...runtime.memory_plan import plan_memory
+from .. import Backend, EmitRequest, Pass
+from .machine import GPUMachine, resolve
+from .plan import plan_kernels
+
+
+def fp32_matmul_precision() -> str:
+    """tl.dot's input precision for fp32 operands, as torch users set it
+    (``torch.backends.cuda.matmul.allow_tf32`` / ``torch.set_float32_matmul_precision``)."""
+    import torch
+
+    return "tf32" if torch.get_float32_matmul_precision() != "highest" else "ieee"
+
+
+class GPUBackend(Backend):
+    name = "gpu"
+    device = "cuda"
+
+    def accepts(self, device: str) -> bool:
+        return device == "cuda" or (device == "cpu" and triton_interpreter())
+
+    def machine(self, overrides: Mapping[str, Any] | None) -> GPUMachine:
+        return resolve(overrides)
+
+    def passes(self, machine: GPUMachine, options) -> list[Pass]:
+        return []  # the kernels' mapping onto the GPU is the plan's (see ``emit``)
+
+    def emit(self, prog, request: EmitRequest):
+        from ...runtime.triton_launcher import TritonGraph, load_module
+
+        o = request.options
+        t0 = time.perf_counter()
+        plans = plan_kernels(prog, request.machine, fp32_matmul_precision())
+        mem = plan_memory(prog)
+        src, kernels = render_module(prog, plans)
+        if request.dumper:
+            request.dumper.write("kernels.py", src)
+        mod, path = load_module(src, o.cache_dir)
+        stats.add_phase("Triton rendering and import", time.perf_counter() - t0)
+        stats.bump("intermediate_bytes", mem.temp_bytes)
+        stats.bump("arena_bytes", mem.arena_bytes)
+        device = "cpu" if triton_interpreter() else "cuda"
+        g = TritonGraph(mod, path, kernels, {b.name: b for b in prog.buffers}, mem.offsets, mem.arena_bytes,
+                        request.input_specs, request.output_specs, device, request.name, request.input_labels)
+        g.source = src
+        return g

@@ -1,0 +1,48 @@
+"""The GPU cost model: one ``KernelPlan`` per kernel (``codegen.triton`` renders it).
+
+A contraction that ``dot`` can run gets output tiles sized to its extents (at most 128 x 128,
+at least the 16 x 16 a tensor-core instruction needs), a reduction step of 32 fp32 elements,
+8 warps for the large tile and as many pipeline stages as the shared memory holds. Every
+other kernel runs as lanes: 128 per program (4 warps), or the whole nest in one program
+when it is smaller.
+"""
+from __future__ import annotations
+
+from ...affine.ir import Kernel, Program
+from ...codegen.triton import KernelPlan, dot_shape, outer_band
+from .machine import GPUMachine
+
+LANES = 128
+MAX_TILE = 128
+MIN_TILE = 16
+
+
+def _pow2_tile(extent: int) -> int:
+    t = MIN_TILE
+    while t < extent and t < MAX_TILE:
+        t *= 2
+    return t
+
+
+def plan_kernel(k: Kernel, machine: GPUMachine, precision: str) -> KernelPlan:
+    shape = dot_shape(k) if k.contraction else None
+    if shape is not None:
+        band, mv, nv = shape[0], shape[1], shape[2]
+        ext = {f.var: f.hi.value - f.lo.value for f in band}
+        bm, bn, bk = _pow2_tile(ext[mv]), _pow2_tile(ext[nv]), 32
+        stage_bytes = (bm * bk + bk * bn) * 4
+        stages = max(1, min(4, machine.smem_per_block // stage_bytes))
+        warps = 8 if bm * bn >= 128 * 128 else 4
+        return KernelPlan("dot", bm=bm, bn=bn, bk=bk, warps=warps, stages=stages, precision=precision)
+    band, _ = outer_band(k.body)
+    total = 1
+    for f in band:
+        total *= f.hi.value - f.lo.value
+    block = 1
+    while block < min(total, LANES):
+        block *= 2
+    return KernelPlan("lanes", block=block, warps=4 if block >= 128 else 1)
+
+
+def plan_kernels(prog: Program, machine: GPUMachine, precision: str = "ieee") -> dict[str, KernelPlan]:
+    return {k.name: plan_kernel(k, machine, precision) for k in prog.kernels}

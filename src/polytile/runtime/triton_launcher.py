@@ -1,0 +1,120 @@
+"""Run a graph compiled to Triton kernels: one launch per kernel, in order, on one device.
+
+Temporaries share one arena in device memory (the static plan of ``runtime.memory_plan``);
+kernel-local arrays get scratch buffers; inputs are checked as on the CPU path (a tensor in
+another layout is copied into the compiled one). The module is imported from a file in the
+cache directory (Triton reads the kernels' source from it)."""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import sys
+import threading
+
+import torch
+
+from .. import counters as stats
+from ..dtypes import ITEMSIZE, to_torch
+from .cache import usable_dir
+from .loader import InputMismatchError, KernelRuntimeError, LayoutMismatchError, TensorSpec, _copyable, _same_strides
+
+
+def load_module(source: str, cache_dir: str):
+    """The module of ``source``, written to (or found in) the cache directory by its hash."""
+    digest = hashlib.sha256(source.encode()).hexdigest()[:24]
+    d = os.path.join(usable_dir(cache_dir), "triton")
+    os.makedirs(d, mode=0o700, exist_ok=True)
+    path = os.path.join(d, f"pt_{digest}.py")
+    if not os.path.exists(path):
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            f.write(source)
+        os.replace(tmp, path)
+    name = f"polytile_triton_{digest}"
+    if name in sys.modules:
+        return sys.modules[name], path
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod, path
+
+
+class TritonGraph:
+    """A compiled graph: ``graph(*tensors) -> list of output tensors`` on ``device``."""
+
+    def __init__(self, module, module_path: str, kernels: list, buffers: dict, offsets: dict,
+                 arena_bytes: int, inputs: list[TensorSpec], outputs: list[TensorSpec], device: str,
+                 name: str = "graph", input_labels: list[str] | None = None):
+        self.module, self.module_path, self.kernels = module, module_path, kernels
+        self.buffers, self.offsets, self.arena_bytes = buffers, offsets, arena_bytes
+        self.inputs, self.outputs, self.device, self.name = inputs, outputs, device, name
+        self.input_labels = input_labels or [f"input {k}" for k in range(len(inputs))]
+        self._in_dtypes = [to_torch(s.dtype) for s in inputs]
+        self._fns = [getattr(module, k.name) for k in kernels]
+        self._arena = None
+        self._scratch: dict[tuple[str, str], torch.Tensor] = {}
+        self._lock = threading.Lock()
+        self.relayouts = 0
+
+    def check(self, args) -> list:
+        if len(args) != len(self.inputs):
+            raise InputMismatchError(f"polytile {self.name}: expected {len(self.inputs)} inputs, got {len(args)}")
+        out = list(args)
+        for k, (label, t, spec, dt) in enumerate(zip(self.input_labels, args, self.inputs, self._in_dtypes)):
+            if not isinstance(t, torch.Tensor):
+                raise InputMismatchError(f"polytile {self.name}: {label} is {type(t).__name__}, not a tensor")
+            if t.device.type != self.device:
+                raise InputMismatchError(f"polytile {self.name}: {label} is on {t.device}; compiled for {self.device}")
+            if t.dtype != dt or tuple(t.shape) != spec.shape:
+                raise InputMismatchError(
+                    f"polytile {self.name}: {label} is {str(t.dtype).replace('torch.', '')}{list(t.shape)}; "
+                    f"compiled for {spec.describe()}")
+            if not _same_strides(t, spec):
+                if not _copyable(spec):
+                    raise LayoutMismatchError(f"polytile {self.name}: {label} has strides {list(t.stride())}; "
+                                              f"compiled for {spec.describe()}")
+                out[k] = torch.empty_strided(spec.shape, spec.strides, dtype=dt, device=t.device).copy_(t)
+                self.relayouts += 1
+                stats.bump("input_relayouts")
+        return out
+
+    def __call__(self, *args: torch.Tensor) -> list[torch.Tensor]:
+        args = self.check(args)
+        dev = args[0].device if args else torch.device(self.device)
+        outs = [torch.empty_strided(s.shape, s.strides, dtype=to_torch(s.dtype), device=dev) for s in self.outputs]
+        with self._lock:
+            if self._arena is None or self._arena.device != dev:
+                self._arena = torch.empty(max(self.arena_bytes, 64), dtype=torch.uint8, device=dev)
+                self._scratch.clear()
+            bound = {}
+            for b in self.buffers.values():
+                if b.kind == "input":
+                    bound[b.name] = args[b.index]
+                elif b.kind == "output":
+                    bound[b.name] = outs[b.index]
+                else:
+                    off = self.offsets[b.name]
+                    n = b.size * ITEMSIZE[b.dtype]
+                    bound[b.name] = self._arena[off:off + n].view(to_torch(b.dtype))
+            err = None
+            for fn, k in zip(self._fns, self.kernels):
+                scratch = [self._scratch_for(k, s, n, dev) for s, n in k.scratch.items()]
+                extra = []
+                if k.uses_fail:
+                    err = err if err is not None else torch.zeros(1, dtype=torch.int32, device=dev)
+                    extra.append(err)
+                fn[(k.grid,)](*[bound[b] for b in k.buffers], *scratch, *extra, **k.constexprs,
+                              num_warps=k.plan.warps, num_stages=k.plan.stages)
+        if err is not None and int(err.item()):
+            raise KernelRuntimeError(f"polytile {self.name}: index out of range in an indexing op")
+        return outs
+
+    def _scratch_for(self, k, name: str, n: int, dev) -> torch.Tensor:
+        key = (k.name, name)
+        t = self._scratch.get(key)
+        if t is None:
+            elements, dtype = n
+            t = self._scratch[key] = torch.empty(elements, dtype=to_torch(dtype), device=dev)
+        return t
