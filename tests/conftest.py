@@ -3,6 +3,9 @@ affine program is verified after every pass (Options.verify_passes)."""
 import os
 
 os.environ.setdefault("POLYTILE_VERIFY_PASSES", "1")
+# The GPU backend's kernels run in Triton's CPU interpreter (these machines have no GPU); Triton
+# reads this when it is first imported, which importing torch._dynamo does.
+os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

@@ -60,8 +60,21 @@ def pt_rint(x):
 
 
 @triton.jit
+def pt_fmod(a, b):
+    # a - trunc(a / b) * b with one rounding (exact while the quotient fits the mantissa), then
+    # the quotient's off-by-one corrected; the result has a's sign, zeros included
+    q = pt_trunc(a / b)
+    r = tl.fma(-q, b, a)
+    ab = tl.abs(b)
+    r = tl.where((r != 0) & ((r < 0) != (a < 0)), tl.where(a < 0, r - ab, r + ab), r)
+    r = tl.where(tl.abs(r) >= ab, tl.where(a < 0, r + ab, r - ab), r)
+    return tl.where(r == 0, a * 0.0, r)
+
+
+@triton.jit
 def pt_mod_f(a, b):
-    r = a - tl.floor(a / b) * b
+    # eager's remainder: fmod moved to the divisor's sign
+    r = pt_fmod(a, b)
     return tl.where((r != 0) & ((r < 0) != (b < 0)), r + b, r)
 
 
@@ -140,7 +153,8 @@ OPS: dict[str, Callable[[list[str], str, str], str]] = {
     "truncdiv": lambda a, d, t: f"pt_trunc({a[0]} / {a[1]})" if _isfloat(d) else f"pt_truncdiv_i({a[0]}, {a[1]})",
     "floordiv": lambda a, d, t: f"tl.floor({a[0]} / {a[1]})" if _isfloat(d) else f"pt_floordiv_i({a[0]}, {a[1]})",
     "remainder": lambda a, d, t: f"pt_mod_f({a[0]}, {a[1]})" if _isfloat(d) else f"pt_mod_i({a[0]}, {a[1]})",
-    "pow": lambda a, d, t: f"pt_pow_f({a[0]}, {a[1]})" if _isfloat(d) else _unsupported("integer pow"),
+    "fmod": lambda a, d, t: f"pt_fmod({a[0]}, {a[1]})" if _isfloat(d) else f"tl.where({a[1]} == 0, 0, {a[0]} - pt_truncdiv_i({a[0]}, {a[1]}) * {a[1]})",
+    "pow": lambda a, d, t: f"pt_pow_f({a[0]}, tl.zeros_like({a[0]}) + {a[1]})" if _isfloat(d) else _unsupported("integer pow"),
     "maximum": lambda a, d, t: (f"pt_maximum_f({a[0]}, {a[1]})" if _isfloat(d)
                                 else f"tl.where({a[0]} > {a[1]}, {a[0]}, {a[1]})"),
     "minimum": lambda a, d, t: (f"pt_minimum_f({a[0]}, {a[1]})" if _isfloat(d)

@@ -60,6 +60,8 @@ class GPUBackend(Backend):
         stats.add_phase("Triton rendering and import", time.perf_counter() - t0)
         stats.bump("intermediate_bytes", mem.temp_bytes)
         stats.bump("arena_bytes", mem.arena_bytes)
+        stats.bump("gpu_dot_kernels", sum(1 for k in kernels if k.plan.kind == "dot"))
+        stats.bump("gpu_lane_kernels", sum(1 for k in kernels if k.plan.kind == "lanes"))
         device = "cpu" if triton_interpreter() else "cuda"
         g = TritonGraph(mod, path, kernels, {b.name: b for b in prog.buffers}, mem.offsets, mem.arena_bytes,
                         request.input_specs, request.output_specs, device, request.name, request.input_labels)

@@ -1,0 +1,203 @@
+"""The GPU backend (Triton), run in Triton's CPU interpreter (``TRITON_INTERPRET=1``, set by
+conftest): every kind of kernel it generates computes eager's function, and the contraction
+kernels compile ahead of time to tensor-core code for sm_80, sm_90a and sm_100a."""
+from __future__ import annotations
+
+import gc
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import polytile
+from polytile.backends import select
+from polytile.backends.gpu import GPUBackend
+from polytile.backends.gpu.machine import PRESETS, resolve
+from polytile.runtime.loader import KernelRuntimeError
+from polytile.runtime.triton_launcher import TritonGraph
+
+from accuracy import assert_accurate, fp64_reference
+from test_machines import CASES
+
+GPU = {"target": "gpu", "fallback": False}
+
+
+def _run(fn, args, tol=1e-4, **opts):
+    torch._dynamo.reset()
+    polytile.reset_stats()
+    with torch.no_grad():
+        out = torch.compile(fn, backend="polytile", options={**GPU, **opts})(*args)
+        ref = fn(*args)
+    s = polytile.stats()
+    assert s["graphs_compiled"] >= 1 and not s.get("ops_fallen_back")
+    assert_accurate(out, ref, lambda: fp64_reference(fn, args), tol)
+    return s
+
+
+def _graphs() -> list[TritonGraph]:
+    return [o for o in gc.get_objects() if type(o) is TritonGraph]
+
+
+def test_the_gpu_target_takes_cpu_tensors_only_in_the_interpreter(monkeypatch):
+    assert select("gpu", "cpu").name == "gpu"  # TRITON_INTERPRET=1 (conftest)
+    assert select(None, "cuda").name == "gpu"
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    assert not GPUBackend().accepts("cpu") and GPUBackend().accepts("cuda")
+
+
+def test_machine_presets_and_overrides():
+    assert resolve({"preset": "a100"}).arch == "sm_80" and resolve({"preset": "h100"}).arch == "sm_90a"
+    assert resolve({"preset": "b200", "sm_count": 100}).sm_count == 100
+    with pytest.raises(ValueError, match="presets are"):
+        resolve({"preset": "v100"})
+    with pytest.raises(ValueError, match="fields are"):
+        resolve({"vector_bytes": 16})
+    assert set(PRESETS) >= {"a100", "h100", "b200"}
+
+
+def _special(n=61):
+    x = torch.randn(n, 7) * 3
+    x[0, :6] = torch.tensor([float("inf"), float("-inf"), float("nan"), -0.0, 0.0, 1e-6])
+    return x
+
+
+def test_elementwise_ops_with_special_values():
+    def fn(x, y):
+        return (torch.relu(x) + torch.sigmoid(y), torch.tanh(x), torch.expm1(x * 0.1), torch.log1p(x.abs()),
+                torch.maximum(x, y), torch.minimum(x, y), torch.floor(x), torch.round(x), torch.trunc(x),
+                torch.remainder(x, 1.5), torch.sign(x), torch.where(x > y, x, y * 2), x.sinh(), x.cosh(),
+                torch.pow(x.abs(), 1.7), torch.pow(x, 3.0), torch.pow(x, 2.0), torch.erf(x), torch.isnan(x),
+                torch.isinf(x), torch.exp(x * 0.5), torch.rsqrt(x.abs()), torch.floor_divide(x, 0.7))
+    _run(fn, (_special(), _special().flip(0)))
+
+
+def test_integer_and_boolean_ops():
+    def fn(a, b):
+        return (a // 3, a % 3, torch.div(a, 4, rounding_mode="trunc"), a * b - 7, (a > b) & (b > 0),
+                torch.where(a > 0, a, -a), torch.maximum(a, b), (a.float() / 3).to(torch.int64))
+    a = torch.randint(-50, 50, (33, 5))
+    _run(fn, (a, torch.randint(-5, 5, (33, 5))))
+
+
+def test_reductions_and_row_kernels():
+    def fn(x, w, b):
+        y = F.layer_norm(x, (x.shape[-1],), w, b)
+        return (torch.softmax(y, -1), x.sum(0), x.amax(-1), x.mean((0, 2)), torch.argmax(x, -1),
+                torch.cumsum(x, 1), torch.logsumexp(x, -1))
+    x = torch.randn(3, 19, 45)
+    x[0, 0, 2] = float("nan")
+    _run(fn, (x, torch.randn(45), torch.randn(45)))
+
+
+@pytest.mark.parametrize("m,n,k,at", [(37, 29, 53, False), (64, 128, 32, False), (5, 200, 70, True),
+                                      (130, 3, 17, False)])
+def test_matmuls_become_block_tiles_with_dot(m, n, k, at):
+    a = torch.randn(k, m).t() if at else torch.randn(m, k)
+    b, bias = torch.randn(k, n), torch.randn(n)
+    s = _run(lambda a, b, bias: torch.relu(a @ b + bias) * 0.5, (a, b, bias))
+    assert s["gpu_dot_kernels"] == 1  # bias, relu and the scale run in its epilogue
+
+
+def test_batched_matmul_and_linear():
+    q, kt = torch.randn(3, 2, 21, 16), torch.randn(3, 2, 16, 33)
+    s = _run(lambda q, kt: torch.softmax(q @ kt, -1), (q, kt))
+    assert s["gpu_dot_kernels"] == 1
+    lin = torch.nn.Linear(40, 24)
+    _run(lin, (torch.randn(2, 9, 40),))
+
+
+def test_fp32_matmul_precision_follows_torch():
+    from polytile.backends.gpu import fp32_matmul_precision
+
+    old = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision("highest")
+        assert fp32_matmul_precision() == "ieee"
+        torch.set_float32_matmul_precision("high")
+        assert fp32_matmul_precision() == "tf32"
+    finally:
+        torch.set_float32_matmul_precision(old)
+
+
+@pytest.mark.parametrize("kind,i", [(k, i) for k, makes in CASES.items() for i in range(len(makes))
+                                    if k in ("conv", "norms", "attention")][::2])
+def test_the_cpu_backends_cases(kind, i):
+    torch.manual_seed(0)
+    fn, args = CASES[kind][i]()
+    _run(fn, args)
+
+
+def test_padding_and_pooling_read_only_inside_the_input():
+    def fn(x):
+        return F.max_pool2d(F.pad(x, (1, 2, 0, 1), value=-1.0), 3, 2, 1), F.avg_pool2d(x, 2)
+    _run(fn, (torch.randn(2, 3, 11, 9),))
+
+
+def test_index_out_of_range_raises():
+    emb = torch.nn.Embedding(10, 4)
+    c = torch.compile(emb, backend="polytile", options=GPU)
+    ok = torch.tensor([[1, 2], [9, 0]])
+    with torch.no_grad():
+        torch.testing.assert_close(c(ok), emb(ok))
+        with pytest.raises(KernelRuntimeError, match="index out of range"):
+            c(torch.tensor([[1, 2], [10, 0]]))
+        torch.testing.assert_close(c(ok), emb(ok))
+
+
+def test_inputs_in_another_layout_are_copied():
+    fn = lambda x, y: x * 2 + y  # noqa: E731
+    c = torch.compile(fn, backend="polytile", options=GPU)
+    x, y = torch.randn(8, 6), torch.randn(8, 6)
+    with torch.no_grad():
+        torch.testing.assert_close(c(x, y), fn(x, y))
+        xt = torch.randn(6, 8).t()
+        torch.testing.assert_close(c(xt, y), fn(xt, y))
+
+
+def test_small_models_end_to_end():
+    mlp = torch.nn.Sequential(torch.nn.Linear(30, 64), torch.nn.GELU(), torch.nn.Linear(64, 10)).eval()
+    _run(mlp, (torch.randn(5, 30),))
+    cnn = CASES["model"][0]
+    fn, args = cnn()
+    _run(fn, args)
+
+
+def test_bert_with_two_layers_end_to_end():
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.BertConfig(vocab_size=120, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                  intermediate_size=64, max_position_embeddings=32)
+    m = transformers.BertModel(cfg).eval()
+    ids = torch.randint(0, 120, (2, 11))
+    _run(lambda ids: m(input_ids=ids).last_hidden_state, (ids,))
+
+
+def test_generated_source_is_dumped(tmp_path):
+    fn = lambda x, w: torch.tanh(x @ w)  # noqa: E731
+    _run(fn, (torch.randn(16, 16), torch.randn(16, 16)), dump_dir=str(tmp_path))
+    src = next(tmp_path.rglob("*kernels.py")).read_text()
+    assert "@triton.jit" in src and "tl.dot(" in src and "pt_tanh(" in src
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90a", "sm_100a"])
+def test_contractions_compile_to_tensor_core_code(arch):
+    """Ahead of time, without a GPU (a process without the interpreter): with TF32 allowed, as
+    torch's "high" matmul precision does, every dot kernel uses the arch's tensor-core
+    instruction, spills nothing and fits the shared memory of the arch's machine."""
+    from polytile.backends.gpu.aot import compile_in_subprocess, spec_of
+
+    old = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("high")
+    try:
+        m = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.GELU(), torch.nn.Linear(512, 128))
+        _run(m, (torch.randn(64, 256),), tol=1e-2)
+    finally:
+        torch.set_float32_matmul_precision(old)
+    g = _graphs()[-1]
+    facts = compile_in_subprocess(spec_of(g), arch)
+    dots = {n: f for n, f in facts.items() if f["kind"] == "dot"}
+    assert len(dots) == 2
+    limit = {"sm_80": PRESETS["a100"], "sm_90a": PRESETS["h100"], "sm_100a": PRESETS["b200"]}[arch].smem_per_block
+    for name, f in dots.items():
+        assert f["tensor_core"], (name, f)
+        assert f["local_bytes"] == 0 and f["stack_bytes"] == 0 and f["ptx_local_stores"] == 0, (name, f)
+        assert 0 < f["shared_bytes"] <= limit, (name, f)
