@@ -89,6 +89,18 @@ def test_reductions_and_row_kernels():
     _run(fn, (x, torch.randn(45), torch.randn(45)))
 
 
+def test_softmax_and_norms_become_row_tiles_in_registers():
+    """A fused layer norm + softmax (reductions and elementwise steps over the last dim) runs
+    as row tiles: its reductions across columns, its row-local arrays in registers."""
+    def fn(x, w, b):
+        return torch.softmax(F.layer_norm(x, (x.shape[-1],), w, b) * 2, -1)
+    x = torch.randn(37, 100)
+    x[3, 7] = float("inf")
+    x[5, :] = float("-inf")
+    s = _run(fn, (x, torch.randn(100), torch.randn(100)))
+    assert s["gpu_row_kernels"] >= 1 and s["gpu_scratch_arrays"] == 0 and s["gpu_lane_kernels"] == 0
+
+
 @pytest.mark.parametrize("m,n,k,at", [(37, 29, 53, False), (64, 128, 32, False), (5, 200, 70, True),
                                       (130, 3, 17, False)])
 def test_matmuls_become_block_tiles_with_dot(m, n, k, at):

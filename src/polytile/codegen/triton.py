@@ -26,6 +26,7 @@ from ..affine.ir import (INDEX, Alloc, Assign, Const, Expr, Fail, For, If, Kerne
                          Program, Store, Var, is_affine, local_arrays, walk_exprs, walk_stmts)
 from ..dtypes import Unsupported
 from .triton_ops import PRELUDE, TL_DTYPE, render_op
+from .triton_rows import loop_kind, reduction, register_arrays
 
 HEADER = "import triton\nimport triton.language as tl\n"
 
@@ -34,8 +35,9 @@ HEADER = "import triton\nimport triton.language as tl\n"
 class KernelPlan:
     """How one kernel maps onto the GPU (filled by the GPU cost model)."""
 
-    kind: str               # "lanes" | "dot"
-    block: int = 128        # lanes per program ("lanes")
+    kind: str               # "lanes" | "rows" | "dot"
+    block: int = 128        # lanes per program ("lanes"), rows per program ("rows")
+    cols: int = 0           # columns of a row tile ("rows"): the inner loops' iterations
     bm: int = 64            # output tile rows, columns and reduction step ("dot")
     bn: int = 64
     bk: int = 32
@@ -134,6 +136,8 @@ class _Renderer:
         self.uses_fail = False
         self.cse: dict = {}  # (expression, mask) -> temporary, within one statement
         self.pad = "    "
+        self.cols = 0  # > 0: the rows form, with inner loops of up to this many iterations across columns
+        self.regs: dict[str, str] = {}  # kernel-local arrays kept in registers (triton_rows)
 
     def fresh(self, base: str) -> str:
         self._n += 1
@@ -152,6 +156,8 @@ class _Renderer:
             raise Unsupported(f"Triton renderer: unbound variable {e.name}")
         if isinstance(e, Op) and e.dtype == INDEX and e.fn in ("add", "sub", "mul", "floordiv", "remainder"):
             return render_op(e.fn, [self.ex(a, mask) for a in e.args], e.dtype, e.args[0].dtype)
+        if isinstance(e, Load) and e.buf in self.regs:
+            return f"r_{e.buf}"
         key = (e, mask)
         if key in self.cse:
             return self.cse[key]
@@ -196,7 +202,10 @@ class _Renderer:
     def stmt(self, s, mask: str, pad: str) -> None:
         out = self.lines
         self.pad, self.cse = pad, {}
-        if isinstance(s, Store):
+        if isinstance(s, Store) and s.buf in self.regs:
+            dt = TL_DTYPE[self.local[s.buf].dtype]
+            out.append(f"{pad}r_{s.buf} = tl.where({mask}, {self.ex(s.value, mask)}, 0).to({dt})")
+        elif isinstance(s, Store):
             out.append(f"{pad}tl.store({self.addr(s.buf, s.index, mask)}, {self.ex(s.value, mask)}, mask={mask})")
         elif isinstance(s, Let):
             name = f"v_{s.name}"
@@ -232,6 +241,30 @@ class _Renderer:
         v = f"v_{f.var}"
         self.names[f.var] = v
         self.pad, self.cse = pad, {}
+        kind = loop_kind(f, self.cols) if self.cols else None
+        if kind == "once":
+            self.names[f.var] = str(f.lo.value)
+            self.stmts(f.body, mask, pad)
+            return
+        if kind in ("map", "reduce"):
+            self.lines.append(f"{pad}{v} = {f.lo.value} + cols")
+            m = self.temp(f"{mask} & ({v} < {f.hi.value})", "m")
+            row_zero, self.zero = self.zero, "z2"
+            if kind == "map":
+                self.stmts(f.body, m, pad)
+            else:
+                acc, fn, value = reduction(f)
+                e = self.ex(value, m)
+                isf = value.dtype in ("float32", "float64")
+                ident, comb = {"add": ("0", "pt_add"), "maximum": ("-INF", "pt_maximum_f"),
+                               "minimum": ("INF", "pt_minimum_f")}[fn]
+                red = self.temp(f"tl.reduce(tl.where({m}, {e}, {ident}), 1, {comb}, keep_dims=True)", "x")
+                name = self.names[acc]
+                new = render_op(fn, [name, red], value.dtype, value.dtype)
+                assert isf or fn == "add"
+                self.lines.append(f"{pad}{name} = tl.where({mask}, {new}, {name}).to({TL_DTYPE[self.lets[acc]]})")
+            self.zero = row_zero
+            return
         lo, hi = self.ex(f.lo, mask), self.ex(f.hi, mask)
         if self.uniform(f.lo) and self.uniform(f.hi):
             self.lines.append(f"{pad}for {v} in range({lo}, {hi}):")
@@ -299,6 +332,34 @@ def render_lanes(prog: Program, k: Kernel, plan: KernelPlan) -> RenderedKernel:
     grid = max(1, -(-total // block))
     scratch = {a: (grid * block * local[a].size, local[a].dtype) for a in local}
     return _finish(prog, k, r, plan, grid, scratch, ["BLOCK: tl.constexpr"], {"BLOCK": block})
+
+
+def render_rows(prog: Program, k: Kernel, plan: KernelPlan) -> RenderedKernel:
+    band, inner = outer_band(k.body)
+    extents = [f.hi.value - f.lo.value for f in band]
+    total = math.prod(extents)
+    r = _Renderer(prog, k, "[ROWS, 1]", "zi", "f")
+    r.cols = plan.cols
+    r.regs = register_arrays(inner, r.local, plan.cols)
+    lines = [
+        "    f = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS).to(tl.int64)[:, None]",
+        f"    m0 = f < {total}",
+        "    zi = tl.zeros([ROWS, 1], tl.int64)",
+        "    z2 = tl.zeros([ROWS, COLS], tl.int64)",
+        "    cols = tl.arange(0, COLS).to(tl.int64)[None, :]",
+    ]
+    stride = total
+    for fl, n in zip(band, extents):
+        stride //= n
+        r.names[fl.var] = f"v_{fl.var}"
+        r.lane_vars.add(fl.var)
+        lines.append(f"    v_{fl.var} = {fl.lo.value} + (f // {stride}) % {n}")
+    r.lines = lines
+    r.stmts(inner, "m0", "    ")
+    grid = max(1, -(-total // plan.block))
+    scratch = {a: (grid * plan.block * r.local[a].size, r.local[a].dtype) for a in r.local if a not in r.regs}
+    return _finish(prog, k, r, plan, grid, scratch, ["ROWS: tl.constexpr", "COLS: tl.constexpr"],
+                   {"ROWS": plan.block, "COLS": plan.cols})
 
 
 def render_dot(prog: Program, k: Kernel, plan: KernelPlan) -> RenderedKernel:
@@ -393,6 +454,7 @@ def render_module(prog: Program, plans: dict[str, KernelPlan]) -> tuple[str, lis
     kernels = []
     for k in prog.kernels:
         plan = plans[k.name]
-        kernels.append(render_dot(prog, k, plan) if plan.kind == "dot" else render_lanes(prog, k, plan))
+        render = {"dot": render_dot, "rows": render_rows, "lanes": render_lanes}[plan.kind]
+        kernels.append(render(prog, k, plan))
     src = HEADER + PRELUDE + "\n\n" + "\n\n".join(rk.source for rk in kernels)
     return src, kernels

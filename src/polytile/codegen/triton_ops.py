@@ -122,6 +122,11 @@ def pt_pow_f(a, b):
 
 
 @triton.jit
+def pt_add(a, b):
+    return a + b
+
+
+@triton.jit
 def pt_maximum_f(a, b):
     return tl.where((a != a) | (a > b), a, b)
 

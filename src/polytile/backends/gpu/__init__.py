@@ -62,6 +62,8 @@ class GPUBackend(Backend):
         stats.bump("arena_bytes", mem.arena_bytes)
         stats.bump("gpu_dot_kernels", sum(1 for k in kernels if k.plan.kind == "dot"))
         stats.bump("gpu_lane_kernels", sum(1 for k in kernels if k.plan.kind == "lanes"))
+        stats.bump("gpu_row_kernels", sum(1 for k in kernels if k.plan.kind == "rows"))
+        stats.bump("gpu_scratch_arrays", sum(len(k.scratch) for k in kernels))
         device = "cpu" if triton_interpreter() else "cuda"
         g = TritonGraph(mod, path, kernels, {b.name: b for b in prog.buffers}, mem.offsets, mem.arena_bytes,
                         request.input_specs, request.output_specs, device, request.name, request.input_labels)

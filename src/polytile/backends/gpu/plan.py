@@ -2,17 +2,21 @@
 
 A contraction that ``dot`` can run gets output tiles sized to its extents (at most 128 x 128,
 at least the 16 x 16 a tensor-core instruction needs), a reduction step of 32 fp32 elements,
-8 warps for the large tile and as many pipeline stages as the shared memory holds. Every
-other kernel runs as lanes: 128 per program (4 warps), or the whole nest in one program
-when it is smaller.
+8 warps for the large tile and as many pipeline stages as the shared memory holds. A kernel
+whose inner loops can run across columns (``codegen.triton_rows``: softmax, norms, row
+reductions) gets row tiles of about 4096 elements (columns: the loops' trip count rounded up
+to a power of two). Every other kernel runs as lanes: up to 1024 per program.
 """
 from __future__ import annotations
 
 from ...affine.ir import Kernel, Program
 from ...codegen.triton import KernelPlan, dot_shape, outer_band
+from ...codegen.triton_rows import vector_extent
 from .machine import GPUMachine
 
-LANES = 128
+LANES = 1024
+ROW_TILE = 4096  # elements of a rows x cols tile
+MAX_COLS = 8192
 MAX_TILE = 128
 MIN_TILE = 16
 
@@ -22,6 +26,13 @@ def _pow2_tile(extent: int) -> int:
     while t < extent and t < MAX_TILE:
         t *= 2
     return t
+
+
+def _pow2(n: int) -> int:
+    p = 1
+    while p < n:
+        p *= 2
+    return p
 
 
 def plan_kernel(k: Kernel, machine: GPUMachine, precision: str) -> KernelPlan:
@@ -34,10 +45,15 @@ def plan_kernel(k: Kernel, machine: GPUMachine, precision: str) -> KernelPlan:
         stages = max(1, min(4, machine.smem_per_block // stage_bytes))
         warps = 8 if bm * bn >= 128 * 128 else 4
         return KernelPlan("dot", bm=bm, bn=bn, bk=bk, warps=warps, stages=stages, precision=precision)
-    band, _ = outer_band(k.body)
+    band, inner = outer_band(k.body)
     total = 1
     for f in band:
         total *= f.hi.value - f.lo.value
+    n = vector_extent(inner, MAX_COLS)
+    if n > 0:
+        cols = _pow2(n)
+        rows = max(1, min(ROW_TILE // cols, _pow2(total)))
+        return KernelPlan("rows", block=rows, cols=cols, warps=8 if rows * cols > ROW_TILE else 4)
     block = 1
     while block < min(total, LANES):
         block *= 2
