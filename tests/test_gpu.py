@@ -110,6 +110,24 @@ def test_matmuls_become_block_tiles_with_dot(m, n, k, at):
     assert s["gpu_dot_kernels"] == 1  # bias, relu and the scale run in its epilogue
 
 
+@pytest.mark.parametrize("c,k,hw,ks,stride,groups", [(8, 16, 9, 3, 2, 1), (6, 10, 12, 5, 1, 1), (8, 16, 7, 3, 1, 4),
+                                                     (16, 24, 6, 1, 1, 1)])
+def test_convolutions_are_implicit_gemms(c, k, hw, ks, stride, groups):
+    """A convolution (padded, strided, grouped, depthwise, 1x1) is one dot kernel: the rows of its
+    tiles are (image, y, x), the columns output channels, the reduction (channel, ky, kx), the
+    padding a mask on the input tile; bias and activation run in its epilogue."""
+    x, w, b = torch.randn(2, c, hw, hw), torch.randn(k, c // groups, ks, ks), torch.randn(k)
+    fn = lambda x, w, b: F.silu(F.conv2d(x, w, b, stride=stride, padding=ks // 2, groups=groups))  # noqa: E731
+    s = _run(fn, (x, w, b))
+    assert s["gpu_dot_kernels"] == 1 and s["gpu_lane_kernels"] == 0
+
+
+def test_depthwise_convolution():
+    # (built as padded planes by affine construction: not a contraction for the tensor cores)
+    x, w, b = torch.randn(2, 12, 8, 8), torch.randn(12, 1, 3, 3), torch.randn(12)
+    _run(lambda x, w, b: F.conv2d(x, w, b, stride=2, padding=1, groups=12), (x, w, b))
+
+
 def test_batched_matmul_and_linear():
     q, kt = torch.randn(3, 2, 21, 16), torch.randn(3, 2, 16, 33)
     s = _run(lambda q, kt: torch.softmax(q @ kt, -1), (q, kt))

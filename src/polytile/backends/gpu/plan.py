@@ -9,8 +9,12 @@ to a power of two). Every other kernel runs as lanes: up to 1024 per program.
 """
 from __future__ import annotations
 
+import math
+
 from ...affine.ir import Kernel, Program
-from ...codegen.triton import KernelPlan, dot_shape, outer_band
+from ...codegen.triton import KernelPlan
+from ...codegen.triton_dot import dot_shape
+from ...codegen.triton_kernel import outer_band
 from ...codegen.triton_rows import vector_extent
 from .machine import GPUMachine
 
@@ -38,9 +42,7 @@ def _pow2(n: int) -> int:
 def plan_kernel(k: Kernel, machine: GPUMachine, precision: str) -> KernelPlan:
     shape = dot_shape(k) if k.contraction else None
     if shape is not None:
-        band, mv, nv = shape[0], shape[1], shape[2]
-        ext = {f.var: f.hi.value - f.lo.value for f in band}
-        bm, bn, bk = _pow2_tile(ext[mv]), _pow2_tile(ext[nv]), 32
+        bm, bn, bk = _pow2_tile(math.prod(shape.extents(shape.rows))), _pow2_tile(math.prod(shape.extents(shape.cols))), 32
         stage_bytes = (bm * bk + bk * bn) * 4
         stages = max(1, min(4, machine.smem_per_block // stage_bytes))
         warps = 8 if bm * bn >= 128 * 128 else 4
