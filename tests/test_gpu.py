@@ -4,6 +4,7 @@ kernels compile ahead of time to tensor-core code for sm_80, sm_90a and sm_100a.
 from __future__ import annotations
 
 import gc
+import json
 
 import pytest
 import torch
@@ -231,3 +232,23 @@ def test_contractions_compile_to_tensor_core_code(arch):
         assert f["tensor_core"], (name, f)
         assert f["local_bytes"] == 0 and f["stack_bytes"] == 0 and f["ptx_local_stores"] == 0, (name, f)
         assert 0 < f["shared_bytes"] <= limit, (name, f)
+
+
+def test_the_gpu_benchmark_script_runs(tmp_path):
+    """``polytile bench gpu`` end to end on one shape of each file, in the interpreter (its
+    flow, checks and report; the timings mean nothing here)."""
+    from polytile.bench import gpu
+
+    shapes = tmp_path / "shapes"
+    shapes.mkdir()
+    (shapes / "gemm_shapes.csv").write_text("M,N,K,a_transposed,b_transposed\n24,40,16,false,true\n")
+    (shapes / "conv_shapes.csv").write_text("N,C,H,W,K,R,S,stride,pad,dilation,groups\n1,4,6,6,8,3,3,1,1,1,1\n")
+    (shapes / "attention_configs.csv").write_text("batch,heads,kv_heads,seq_q,seq_k,head_dim,causal\n1,2,1,8,16,16,true\n")
+    text = gpu.run(str(shapes), str(tmp_path / "out"), rounds=1, autotune=False, models=False, device="cpu")
+    res = json.loads((tmp_path / "out" / "results.json").read_text())["results"]
+    by = {(r["section"], r["case"]): r for r in res}
+    assert by[("gemm fp32", "24x40x16 bT")]["status"] == "pass" and "polytile_ms" in by[("gemm fp32", "24x40x16 bT")]
+    assert by[("conv fp32", "N1 C4 6x6 K8 3x3 s1 p1")]["status"] == "pass"
+    # fp16 graphs have no lowering yet (low precision is issue 31): reported, not timed
+    assert by[("gemm fp16", "24x40x16 bT")]["status"] in ("fallback", "pass")
+    assert "polytile GPU benchmark" in text and len(res) == 5

@@ -56,6 +56,15 @@ def main(argv: list[str] | None = None) -> int:
     from .bench.coverage import add_arguments as _coverage_arguments
 
     _coverage_arguments(cv)
+    gp = b.add_parser("gpu", help="on an NVIDIA GPU: GEMM, conv, attention and models, polytile's GPU backend vs "
+                      "eager, Inductor and Inductor max-autotune (see polytile/bench/gpu.py)")
+    gp.add_argument("--budget", type=float, default=420.0, help="seconds for the whole run (default 420)")
+    gp.add_argument("--rounds", type=int, default=10)
+    gp.add_argument("--quick", action="store_true", help="first 6 rows of each shape file")
+    gp.add_argument("--no-autotune", action="store_true", help="skip Inductor's max-autotune column")
+    gp.add_argument("--no-models", action="store_true")
+    gp.add_argument("--shapes-dir", default=None, help="default: ../shared/bench")
+    gp.add_argument("--out", default="bench-gpu", help="folder for report.md and results.json")
     j = b.add_parser("jax", help="MLP, CNN and transformer block in JAX: polytile.jax.jit vs jax.jit (XLA)")
     j.add_argument("--threads", type=int, default=2)
     j.add_argument("--rounds", type=int, default=20)
@@ -72,6 +81,8 @@ def main(argv: list[str] | None = None) -> int:
         return _bench_coverage(a, argv)
     if a.cmd == "bench" and a.what == "attention":
         return _bench_attention(a, argv)
+    if a.cmd == "bench" and a.what == "gpu":
+        return _bench_gpu(a)
     if a.cmd == "bench" and a.what == "contractions":
         return _bench_contractions(a, argv)
     if a.cmd == "bench" and a.what == "fusion":
@@ -128,6 +139,20 @@ def _bench_coverage(a, argv) -> int:
     from .bench import coverage
 
     return coverage.main_args(a, "polytile " + " ".join(argv if argv is not None else sys.argv[1:]))
+
+
+def _bench_gpu(a) -> int:
+    import os
+
+    from .bench import gpu, zoo
+
+    shapes = a.shapes_dir or (os.path.dirname(zoo.default_models_csv() or "") or None)
+    if not shapes:
+        print("polytile: cannot find shared/bench; pass --shapes-dir", file=sys.stderr)
+        return 2
+    print(gpu.run(shapes, a.out, budget_s=a.budget, rounds=a.rounds, quick=a.quick, autotune=not a.no_autotune,
+                  models=not a.no_models))
+    return 0
 
 
 def _bench_contractions(a, argv) -> int:
