@@ -100,6 +100,10 @@ class Options:
     in-place update through the tensor, e.g. an optimizer step or ``load_state_dict``). A write
     through ``.data`` bypasses the version counter and is NOT seen (the old values are used):
     turn this on only for code that never updates weights that way."""
+    cuda_graphs: bool = True
+    """GPU target: from the second call on, run the graph's kernels as one captured CUDA graph
+    (inputs copied into fixed buffers, outputs copied out): one launch instead of one per
+    kernel, which dominates at small batch."""
     target: str | None = None
     """The backend that compiles the graph (``"cpu"`` or ``"gpu"``, see ``polytile.backends``);
     None: the one for the device of the graph's inputs (``"gpu"`` for CUDA tensors)."""

@@ -46,7 +46,7 @@ class TritonGraph:
 
     def __init__(self, module, module_path: str, kernels: list, buffers: dict, offsets: dict,
                  arena_bytes: int, inputs: list[TensorSpec], outputs: list[TensorSpec], device: str,
-                 name: str = "graph", input_labels: list[str] | None = None):
+                 name: str = "graph", input_labels: list[str] | None = None, cuda_graphs: bool = True):
         self.module, self.module_path, self.kernels = module, module_path, kernels
         self.buffers, self.offsets, self.arena_bytes = buffers, offsets, arena_bytes
         self.inputs, self.outputs, self.device, self.name = inputs, outputs, device, name
@@ -57,6 +57,11 @@ class TritonGraph:
         self._scratch: dict[tuple[str, str], torch.Tensor] = {}
         self._lock = threading.Lock()
         self.relayouts = 0
+        self.calls = 0
+        self._uses_fail = any(k.uses_fail for k in kernels)
+        # on a CUDA device, the launch sequence is captured as a CUDA graph at the second call
+        self.cuda_graphs = cuda_graphs
+        self._graph = None
 
     def check(self, args) -> list:
         if len(args) != len(self.inputs):
@@ -83,33 +88,74 @@ class TritonGraph:
     def __call__(self, *args: torch.Tensor) -> list[torch.Tensor]:
         args = self.check(args)
         dev = args[0].device if args else torch.device(self.device)
-        outs = [torch.empty_strided(s.shape, s.strides, dtype=to_torch(s.dtype), device=dev) for s in self.outputs]
         with self._lock:
             if self._arena is None or self._arena.device != dev:
                 self._arena = torch.empty(max(self.arena_bytes, 64), dtype=torch.uint8, device=dev)
                 self._scratch.clear()
-            bound = {}
-            for b in self.buffers.values():
-                if b.kind == "input":
-                    bound[b.name] = args[b.index]
-                elif b.kind == "output":
-                    bound[b.name] = outs[b.index]
-                else:
-                    off = self.offsets[b.name]
-                    n = b.size * ITEMSIZE[b.dtype]
-                    bound[b.name] = self._arena[off:off + n].view(to_torch(b.dtype))
-            err = None
-            for fn, k in zip(self._fns, self.kernels):
-                scratch = [self._scratch_for(k, s, n, dev) for s, n in k.scratch.items()]
-                extra = []
-                if k.uses_fail:
-                    err = err if err is not None else torch.zeros(1, dtype=torch.int32, device=dev)
-                    extra.append(err)
-                fn[(k.grid,)](*[bound[b] for b in k.buffers], *scratch, *extra, **k.constexprs,
-                              num_warps=k.plan.warps, num_stages=k.plan.stages)
+                self._graph = None
+            if self._graph is not None:
+                return self._replay(args)
+            outs = [torch.empty_strided(s.shape, s.strides, dtype=to_torch(s.dtype), device=dev) for s in self.outputs]
+            err = torch.zeros(1, dtype=torch.int32, device=dev) if self._uses_fail else None
+            self._launch(args, outs, err, dev)
+            self.calls += 1
+            if self.cuda_graphs and dev.type == "cuda" and self.calls == 2:
+                self._capture(args, dev)
+        self._check_error(err)
+        return outs
+
+    def _launch(self, args, outs, err, dev) -> None:
+        """Every kernel once, in order, on the buffers of this call."""
+        bound = {}
+        for b in self.buffers.values():
+            if b.kind == "input":
+                bound[b.name] = args[b.index]
+            elif b.kind == "output":
+                bound[b.name] = outs[b.index]
+            else:
+                off = self.offsets[b.name]
+                bound[b.name] = self._arena[off:off + b.size * ITEMSIZE[b.dtype]].view(to_torch(b.dtype))
+        for fn, k in zip(self._fns, self.kernels):
+            scratch = [self._scratch_for(k, s, n, dev) for s, n in k.scratch.items()]
+            fn[(k.grid,)](*[bound[b] for b in k.buffers], *scratch, *([err] if k.uses_fail else []), **k.constexprs,
+                          num_warps=k.plan.warps, num_stages=k.plan.stages)
+
+    def _check_error(self, err) -> None:
         if err is not None and int(err.item()):
             raise KernelRuntimeError(f"polytile {self.name}: index out of range in an indexing op")
-        return outs
+
+    def _capture(self, args, dev) -> None:
+        """Record the launch sequence as a CUDA graph over fixed input, output and error buffers
+        (the kernels are compiled by now): later calls copy their inputs in, replay it and
+        hand out copies of the outputs. One launch instead of one per kernel. Any failure to
+        capture leaves the graph launching kernel by kernel."""
+        try:
+            ins = [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=dev) for t in args]
+            outs = [torch.empty_strided(s.shape, s.strides, dtype=to_torch(s.dtype), device=dev) for s in self.outputs]
+            err = torch.zeros(1, dtype=torch.int32, device=dev) if self._uses_fail else None
+            torch.cuda.synchronize(dev)
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                if err is not None:
+                    err.zero_()
+                self._launch(ins, outs, err, dev)
+            self._graph = (g, ins, outs, err)
+            stats.bump("cuda_graphs")
+        except Exception as e:  # noqa: BLE001  (kernels still run one launch each)
+            self.cuda_graphs = False
+            import warnings
+
+            warnings.warn(f"polytile {self.name}: CUDA graph capture failed ({type(e).__name__}: {e}); "
+                          "launching kernel by kernel")
+
+    def _replay(self, args) -> list[torch.Tensor]:
+        g, ins, outs, err = self._graph
+        for dst, src in zip(ins, args):
+            dst.copy_(src)
+        g.replay()
+        res = [o.clone() for o in outs]
+        self._check_error(err)
+        return res
 
     def _scratch_for(self, k, name: str, n: int, dev) -> torch.Tensor:
         key = (k.name, name)

@@ -66,6 +66,7 @@ class GPUBackend(Backend):
         stats.bump("gpu_scratch_arrays", sum(len(k.scratch) for k in kernels))
         device = "cpu" if triton_interpreter() else "cuda"
         g = TritonGraph(mod, path, kernels, {b.name: b for b in prog.buffers}, mem.offsets, mem.arena_bytes,
-                        request.input_specs, request.output_specs, device, request.name, request.input_labels)
+                        request.input_specs, request.output_specs, device, request.name, request.input_labels,
+                        cuda_graphs=o.cuda_graphs)
         g.source = src
         return g
