@@ -100,6 +100,11 @@ class Options:
     in-place update through the tensor, e.g. an optimizer step or ``load_state_dict``). A write
     through ``.data`` bypasses the version counter and is NOT seen (the old values are used):
     turn this on only for code that never updates weights that way."""
+    mm_conv_precision: str | None = None
+    """GPU target: the precision of fp32 matmul and convolution tile products. None follows torch
+    (``torch.set_float32_matmul_precision`` for matmuls, ``torch.backends.cudnn.allow_tf32`` for
+    convolutions); ``"ieee"`` or ``"tf32"`` force one; ``"fp16"`` / ``"bf16"`` round the operands to
+    half precision for the tensor cores (accumulating in fp32): faster, less accurate."""
     cuda_graphs: bool = True
     """GPU target: from the second call on, run the graph's kernels as one captured CUDA graph
     (inputs copied into fixed buffers, outputs copied out): one launch instead of one per
@@ -145,6 +150,9 @@ class Options:
             if kw.get("machine") is not None:
                 kw["machine"] = dict(kw["machine"])
                 BACKENDS[name].machine(kw["machine"])  # unknown fields fail here, with the valid ones
+        if kw.get("mm_conv_precision") not in (None, "ieee", "tf32", "fp16", "bf16"):
+            raise ValueError(f"polytile: option 'mm_conv_precision' is one of None, 'ieee', 'tf32', 'fp16', 'bf16'; "
+                             f"got {kw['mm_conv_precision']!r}")
         if "threads" in kw:
             kw["threads"] = int(kw["threads"])
             if kw["threads"] < 1:
@@ -159,4 +167,4 @@ class Options:
         return repr((self.threads, self.cc, self.cflags, self.fast_math, self.parallel_min_work, self.fusion, self.fuse_producers,
                      self.fuse_epilogues, self.fuse_loops, self.fuse_siblings, self.fuse_attention,
                      self.tile_contractions, self.prefetch, self.cache_weights,
-                     self.profile, self.target, sorted((self.machine or {}).items())))
+                     self.profile, self.target, self.mm_conv_precision, sorted((self.machine or {}).items())))

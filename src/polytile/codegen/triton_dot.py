@@ -105,6 +105,15 @@ def _total(loops) -> int:
     return math.prod(f.hi.value - f.lo.value for f in loops)
 
 
+def _dot_line(precision: str) -> str:
+    """The tile product: fp32 operands in IEEE fp32 or TF32 (``input_precision``), or rounded to
+    fp16 / bf16 first (the mixed-precision mode), always accumulated in fp32."""
+    if precision in ("fp16", "bf16"):
+        t = {"fp16": "tl.float16", "bf16": "tl.bfloat16"}[precision]
+        return f"        acc = tl.dot(ta.to({t}), tb.to({t}), acc)"
+    return f"        acc = tl.dot(ta, tb, acc, input_precision=\"{precision}\")"
+
+
 def render_dot(prog: Program, k: Kernel, plan: KernelPlan) -> RenderedKernel:
     d = dot_shape(k)
     if d is None:
@@ -150,7 +159,7 @@ def render_dot(prog: Program, k: Kernel, plan: KernelPlan) -> RenderedKernel:
     lines += [
         f"        ta = tl.load(b_{d.a.buf} + ({ia}), mask={mask_a}, other=0.0)",
         f"        tb = tl.load(b_{d.b.buf} + ({ib}), mask=(kb < {KT}) & mn, other=0.0)",
-        f"        acc = tl.dot(ta, tb, acc, input_precision=\"{plan.precision}\")",
+        _dot_line(plan.precision),
     ]
     for f in d.reduce:
         del r.names[f.var]

@@ -28,7 +28,7 @@ class KernelPlan:
     group_m: int = 8        # row tiles that consecutive programs walk together (L2 reuse of b)
     warps: int = 4
     stages: int = 2
-    precision: str = "ieee"  # tl.dot input_precision for fp32 operands: "ieee" | "tf32"
+    precision: str = "ieee"  # fp32 tile products: "ieee" | "tf32" | "fp16" | "bf16" (operands rounded first)
 
 
 @dataclass

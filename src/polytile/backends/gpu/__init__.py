@@ -22,15 +22,24 @@ from ...options import triton_interpreter
 from ...runtime.memory_plan import plan_memory
 from .. import Backend, EmitRequest, Pass
 from .machine import GPUMachine, resolve
+from .plan import Precision as _Precision
 from .plan import plan_kernels
 
 
 def fp32_matmul_precision() -> str:
-    """tl.dot's input precision for fp32 operands, as torch users set it
+    """tl.dot's input precision for fp32 matmul operands, as torch users set it
     (``torch.backends.cuda.matmul.allow_tf32`` / ``torch.set_float32_matmul_precision``)."""
     import torch
 
     return "tf32" if torch.get_float32_matmul_precision() != "highest" else "ieee"
+
+
+def fp32_conv_precision() -> str:
+    """... for fp32 convolutions, as eager's cuDNN convolutions (``torch.backends.cudnn.allow_tf32``,
+    on by default)."""
+    import torch
+
+    return "tf32" if torch.backends.cudnn.allow_tf32 else "ieee"
 
 
 class GPUBackend(Backend):
@@ -51,7 +60,8 @@ class GPUBackend(Backend):
 
         o = request.options
         t0 = time.perf_counter()
-        plans = plan_kernels(prog, request.machine, fp32_matmul_precision())
+        plans = plan_kernels(prog, request.machine, _Precision(o.mm_conv_precision or fp32_matmul_precision(),
+                                                               o.mm_conv_precision or fp32_conv_precision()))
         mem = plan_memory(prog)
         src, kernels = render_module(prog, plans)
         if request.dumper:

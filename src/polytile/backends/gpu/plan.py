@@ -10,6 +10,7 @@ to a power of two). Every other kernel runs as lanes: up to 1024 per program.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from ...affine.ir import Kernel, Program
 from ...codegen.triton import KernelPlan
@@ -25,11 +26,22 @@ MAX_TILE = 128
 MIN_TILE = 16
 
 
-def _pow2_tile(extent: int) -> int:
-    t = MIN_TILE
+def _pow2_tile(extent: int, least: int = MIN_TILE) -> int:
+    t = least
     while t < extent and t < MAX_TILE:
         t *= 2
     return t
+
+
+@dataclass(frozen=True)
+class Precision:
+    """The tile-product precision of fp32 contractions (``KernelPlan.precision``)."""
+
+    matmul: str = "ieee"
+    conv: str = "ieee"
+
+    def of(self, k: Kernel) -> str:
+        return self.conv if k.origin.startswith("conv") else self.matmul
 
 
 def _pow2(n: int) -> int:
@@ -39,14 +51,19 @@ def _pow2(n: int) -> int:
     return p
 
 
-def plan_kernel(k: Kernel, machine: GPUMachine, precision: str) -> KernelPlan:
+def plan_kernel(k: Kernel, machine: GPUMachine, precision: Precision) -> KernelPlan:
     shape = dot_shape(k) if k.contraction else None
     if shape is not None:
-        bm, bn, bk = _pow2_tile(math.prod(shape.extents(shape.rows))), _pow2_tile(math.prod(shape.extents(shape.cols))), 32
+        # warpgroup MMA (sm_90 and newer) takes 64 rows at a time: fewer rows than that still get
+        # a 64-row tile (a skinny product is bound by reading the other operand anyway)
+        least_rows = min(machine.mma[0], 64)
+        bm = _pow2_tile(math.prod(shape.extents(shape.rows)), least_rows)
+        bn = _pow2_tile(math.prod(shape.extents(shape.cols)))
+        bk = 32
         stage_bytes = (bm * bk + bk * bn) * 4
         stages = max(1, min(4, machine.smem_per_block // stage_bytes))
         warps = 8 if bm * bn >= 128 * 128 else 4
-        return KernelPlan("dot", bm=bm, bn=bn, bk=bk, warps=warps, stages=stages, precision=precision)
+        return KernelPlan("dot", bm=bm, bn=bn, bk=bk, warps=warps, stages=stages, precision=precision.of(k))
     band, inner = outer_band(k.body)
     total = 1
     for f in band:
@@ -62,5 +79,5 @@ def plan_kernel(k: Kernel, machine: GPUMachine, precision: str) -> KernelPlan:
     return KernelPlan("lanes", block=block, warps=4 if block >= 128 else 1)
 
 
-def plan_kernels(prog: Program, machine: GPUMachine, precision: str = "ieee") -> dict[str, KernelPlan]:
+def plan_kernels(prog: Program, machine: GPUMachine, precision: Precision = Precision()) -> dict[str, KernelPlan]:
     return {k.name: plan_kernel(k, machine, precision) for k in prog.kernels}
