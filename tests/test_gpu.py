@@ -150,6 +150,36 @@ def test_fp32_matmul_precision_follows_torch():
         torch.set_float32_matmul_precision(old)
 
 
+def _sdpa(L, S, D, Dv=None, heads=2, kv_heads=2, causal=False, mask=None):
+    q, k, v = torch.randn(2, heads, L, D), torch.randn(2, kv_heads, S, D), torch.randn(2, kv_heads, S, Dv or D)
+    if mask is None:
+        return (lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal,
+                                                               enable_gqa=heads != kv_heads)), (q, k, v)
+    return (lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m)), (q, k, v, mask)
+
+
+@pytest.mark.parametrize("case", ["self", "causal", "gqa", "cross", "decode", "float-mask", "bool-mask", "d-not-dv",
+                                  "long-head"])
+def test_attention_is_one_flash_kernel(case):
+    """Attention runs as one flash kernel (blocks of keys, two tl.dot per block, the scores
+    never stored): self, causal (blocks past the diagonal skipped), grouped-query, cross,
+    one query (decode), additive and boolean masks (a row with every key masked is 0, as
+    SDPA's), a value width other than the key width."""
+    boolmask = torch.rand(2, 1, 21, 70) > 0.3
+    boolmask[0, 0, 3] = False
+    make = {"self": lambda: _sdpa(45, 45, 16), "causal": lambda: _sdpa(70, 70, 32, causal=True),
+            "gqa": lambda: _sdpa(33, 40, 16, heads=4, kv_heads=2, causal=True),
+            "cross": lambda: _sdpa(19, 130, 16), "decode": lambda: _sdpa(1, 77, 32, heads=4, kv_heads=2),
+            "float-mask": lambda: _sdpa(21, 70, 16, mask=torch.randn(2, 1, 21, 70)),
+            "bool-mask": lambda: _sdpa(21, 70, 16, mask=boolmask),
+            "d-not-dv": lambda: (lambda q, k, v: torch.softmax(q @ k.transpose(-1, -2) / 4.0, -1) @ v,
+                                 (torch.randn(3, 20, 24), torch.randn(3, 30, 24), torch.randn(3, 30, 40))),
+            "long-head": lambda: _sdpa(17, 33, 96)}[case]
+    fn, args = make()
+    s = _run(fn, args)
+    assert s["gpu_flash_kernels"] == 1 and s["gpu_lane_kernels"] == 0 and s["gpu_scratch_arrays"] == 0
+
+
 def test_mixed_precision_contractions_on_an_fp32_model():
     """mm_conv_precision="fp16": operands rounded to fp16 for the tensor cores, fp32 accumulation:
     the result is that of eager on fp16-rounded operands (and within fp16 accuracy of fp32)."""
@@ -263,6 +293,22 @@ def test_contractions_compile_to_tensor_core_code(arch, precision):
         assert f["tensor_core"], (name, f)
         assert f["local_bytes"] == 0 and f["stack_bytes"] == 0 and f["ptx_local_stores"] == 0, (name, f)
         assert 0 < f["shared_bytes"] <= limit, (name, f)
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
+def test_flash_attention_compiles_to_tensor_core_code(arch):
+    """The flash kernel's two products run on the tensor cores (TF32 allowed), without spills,
+    within the arch's shared memory."""
+    from polytile.backends.gpu.aot import compile_in_subprocess, spec_of
+
+    fn, args = _sdpa(70, 70, 64, causal=True)
+    _run(fn, args, mm_conv_precision="tf32")
+    g = [g for g in _graphs() if [k.plan.kind for k in g.kernels] == ["flash"]][-1]
+    (f,) = compile_in_subprocess(spec_of(g), arch).values()
+    limit = {"sm_80": PRESETS["a100"], "sm_90a": PRESETS["h100"]}[arch].smem_per_block
+    assert f["tensor_core"] or f["mma_sync"], f
+    assert f["local_bytes"] == 0 and f["stack_bytes"] == 0 and f["ptx_local_stores"] == 0, f
+    assert 0 < f["shared_bytes"] <= limit, f
 
 
 def test_the_gpu_benchmark_script_runs(tmp_path):

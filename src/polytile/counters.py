@@ -17,7 +17,8 @@ def reset_stats() -> None:
                          compile_seconds=0.0, intermediate_bytes=0, arena_bytes=0, attention_fused=0,
                          cached_kernels=0, cache_bytes=0, cache_refreshes=0,
                          input_relayouts=0, eager_runs=0, isl_gave_up=0, gpu_dot_kernels=0, gpu_lane_kernels=0,
-                         gpu_row_kernels=0, gpu_scratch_arrays=0, cuda_graphs=0,
+                         gpu_row_kernels=0, gpu_flash_kernels=0, gpu_scratch_arrays=0,
+                         cuda_graphs=0,
                          compile_phases=collections.Counter())
 
 

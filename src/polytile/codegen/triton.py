@@ -93,8 +93,9 @@ def render_module(prog: Program, plans: dict[str, KernelPlan]) -> tuple[str, lis
     for k in prog.kernels:
         plan = plans[k.name]
         from .triton_dot import render_dot
+        from .triton_flash import render_flash
 
-        render = {"dot": render_dot, "rows": render_rows, "lanes": render_lanes}[plan.kind]
+        render = {"dot": render_dot, "rows": render_rows, "lanes": render_lanes, "flash": render_flash}[plan.kind]
         kernels.append(render(prog, k, plan))
     src = HEADER + PRELUDE + "\n\n" + "\n\n".join(rk.source for rk in kernels)
     return src, kernels

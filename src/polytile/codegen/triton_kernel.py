@@ -19,10 +19,10 @@ HEADER = "import triton\nimport triton.language as tl\n"
 class KernelPlan:
     """How one kernel maps onto the GPU (filled by the GPU cost model)."""
 
-    kind: str               # "lanes" | "rows" | "dot"
+    kind: str               # "lanes" | "rows" | "dot" | "flash"
     block: int = 128        # lanes per program ("lanes"), rows per program ("rows")
     cols: int = 0           # columns of a row tile ("rows"): the inner loops' iterations
-    bm: int = 64            # output tile rows, columns and reduction step ("dot")
+    bm: int = 64            # output tile rows, columns and reduction step ("dot"); query rows, keys ("flash")
     bn: int = 64
     bk: int = 32
     group_m: int = 8        # row tiles that consecutive programs walk together (L2 reuse of b)

@@ -40,6 +40,7 @@ from .machine import CPUMachine
 from ...affine.transpose import lane_sums, transposed_block
 from ...affine.ir import (INDEX, Alloc, Assign, Const, Expr, For, If, Let, Load, Op, Stmt, Store, Var, add, c, in_register,
                  mul, vector_type)
+from ...affine.attention import score_step
 from ...affine.linear import linear_form
 
 F32 = "float32"
@@ -193,7 +194,7 @@ def lower_attention(b, n: Node, target: CPUMachine, threads: int) -> tuple[list[
         sidx = add(mul(r, c(BC)), j)
         sval: Expr = Load("s", sidx, F32)
         for step in steps:
-            sval = _score_step(b, step, sval, masks, bvars, row, key)
+            sval = score_step(b, step, sval, masks, bvars, row, key)
         nvec = -(-width // VW)
         vidx = add(mul(r, c(BC)), mul(j, c(VW)))
         msafe_v = _f("broadcast", Var("msafe", F32), dtype=vt)
@@ -281,7 +282,7 @@ def lower_attention(b, n: Node, target: CPUMachine, threads: int) -> tuple[list[
         if steps:  # scale, masks, causal on the rows that exist (masks are read at [row, key])
             sval: Expr = Load("s", sidx, F32)
             for step in steps:
-                sval = _score_step(b, step, sval, masks, bvars, row, key)
+                sval = score_step(b, step, sval, masks, bvars, row, key)
             st.append(For("j", c(0), c(width), (For("r", c(0), real_rows, (Store("s", sidx, sval),)),)))
         ld = lambda a: Load(a, r, F32)  # noqa: E731
         vld = lambda a, i=None: Load(a, mul(Var("y"), c(VW)) if i is None else i, vt)  # noqa: E731
@@ -435,21 +436,3 @@ def _register_tile(name: str, rows: int, nvec: int, vt: str, loop: For, x_of, y_
     return (*(Let(acc[a][y].name, vt, init(a, y)) for a in range(rows) for y in range(nvec)),
             replace(loop, body=tuple(inner)),
             *(store(a, y, acc[a][y]) for a in range(rows) for y in range(nvec)))
-
-
-def _score_step(b, step: tuple, s: Expr, masks: list[Node], bvars: list[Var], row: Expr, key: Expr) -> Expr:
-    """One step of the chain from q.k to the softmax input (see graph.attention)."""
-    fn = step[0]
-    if fn == "causal":
-        return _f("where", Op("le", (key, add(row, c(step[2]))), "bool"), s, NEG_INF)
-    if fn in ("keep", "drop"):
-        m = masks[step[1]]
-        cond = b.read(m, b.bcast(m.shape, bvars + [row, key]))
-        fillc = Const(step[2], F32)
-        return _f("where", cond, s, fillc) if fn == "keep" else _f("where", cond, fillc, s)
-    if step[1] == "c":
-        other: Expr = Const(step[2], F32)
-    else:
-        m = masks[step[2]]
-        other = b.read(m, b.bcast(m.shape, bvars + [row, key]))
-    return _f(fn, s, other)

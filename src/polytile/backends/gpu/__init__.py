@@ -21,6 +21,7 @@ from ...codegen.triton import render_module
 from ...options import triton_interpreter
 from ...runtime.memory_plan import plan_memory
 from .. import Backend, EmitRequest, Pass
+from .attention import lower_attention
 from .machine import GPUMachine, resolve
 from .plan import Precision as _Precision
 from .plan import plan_kernels
@@ -52,6 +53,9 @@ class GPUBackend(Backend):
     def machine(self, overrides: Mapping[str, Any] | None) -> GPUMachine:
         return resolve(overrides)
 
+    def op_lowerings(self, machine: GPUMachine, options) -> dict:
+        return {"attention": lambda b, n: b.emit(n, lower_attention(b, n))}
+
     def passes(self, machine: GPUMachine, options) -> list[Pass]:
         return []  # the kernels' mapping onto the GPU is the plan's (see ``emit``)
 
@@ -73,6 +77,7 @@ class GPUBackend(Backend):
         stats.bump("gpu_dot_kernels", sum(1 for k in kernels if k.plan.kind == "dot"))
         stats.bump("gpu_lane_kernels", sum(1 for k in kernels if k.plan.kind == "lanes"))
         stats.bump("gpu_row_kernels", sum(1 for k in kernels if k.plan.kind == "rows"))
+        stats.bump("gpu_flash_kernels", sum(1 for k in kernels if k.plan.kind == "flash"))
         stats.bump("gpu_scratch_arrays", sum(len(k.scratch) for k in kernels))
         device = "cpu" if triton_interpreter() else "cuda"
         g = TritonGraph(mod, path, kernels, {b.name: b for b in prog.buffers}, mem.offsets, mem.arena_bytes,

@@ -72,7 +72,7 @@ def compile_module(spec: dict, arch: str) -> dict:
         usage = _cubin_usage(ck.asm["cubin"])
         # the shared memory the block allocates (pipeline buffers included): the module's attribute
         m_shared = re.search(r'"?ttg\.shared"?\s*=\s*(\d+)', ck.asm["ttgir"])
-        facts[k["name"]] = {"kind": k["kind"], "tensor_core": TENSOR_CORE[arch] in ptx,
+        facts[k["name"]] = {"kind": k["kind"], "tensor_core": TENSOR_CORE[arch] in ptx, "mma_sync": "mma.sync" in ptx,
                             "shared_bytes": int(m_shared.group(1)) if m_shared else ck.metadata.shared,
                             "ptx_local_stores": ptx.count("st.local"), **usage}
     return facts

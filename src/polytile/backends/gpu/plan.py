@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from ...affine.ir import Kernel, Program
 from ...codegen.triton import KernelPlan
 from ...codegen.triton_dot import dot_shape
+from ...codegen.triton_flash import flash_shape
 from ...codegen.triton_kernel import outer_band
 from ...codegen.triton_rows import vector_extent
 from .machine import GPUMachine
@@ -64,6 +65,11 @@ def plan_kernel(k: Kernel, machine: GPUMachine, precision: Precision) -> KernelP
         stages = max(1, min(4, machine.smem_per_block // stage_bytes))
         warps = 8 if bm * bn >= 128 * 128 else 4
         return KernelPlan("dot", bm=bm, bn=bn, bk=bk, warps=warps, stages=stages, precision=precision.of(k))
+    flash = flash_shape(k)
+    if flash is not None:  # fp32 tiles: 64 query rows, keys in blocks of 64 (32 for wide heads)
+        depth = max(flash.depth.hi.value - flash.depth.lo.value, flash.out.hi.value - flash.out.lo.value)
+        return KernelPlan("flash", bm=64, bn=64 if depth <= 32 else 32, warps=4 if depth <= 32 else 8, stages=2,
+                          precision=precision.matmul)
     band, inner = outer_band(k.body)
     total = 1
     for f in band:
