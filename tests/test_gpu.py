@@ -123,10 +123,12 @@ def test_convolutions_are_implicit_gemms(c, k, hw, ks, stride, groups):
     assert s["gpu_dot_kernels"] == 1 and s["gpu_lane_kernels"] == 0
 
 
-def test_depthwise_convolution():
-    # (built as padded planes by affine construction: not a contraction for the tensor cores)
+def test_depthwise_convolution_runs_as_lanes_without_scratch():
+    """One output per lane, its taps in registers: not a product for the tensor cores (one
+    output channel per group), and not the CPU's padded planes."""
     x, w, b = torch.randn(2, 12, 8, 8), torch.randn(12, 1, 3, 3), torch.randn(12)
-    _run(lambda x, w, b: F.conv2d(x, w, b, stride=2, padding=1, groups=12), (x, w, b))
+    s = _run(lambda x, w, b: F.conv2d(x, w, b, stride=2, padding=1, groups=12), (x, w, b))
+    assert s["gpu_lane_kernels"] == 1 and s["gpu_scratch_arrays"] == 0 and s["gpu_dot_kernels"] == 0
 
 
 def test_batched_matmul_and_linear():

@@ -17,8 +17,6 @@ from .ir import (INDEX, Alloc, Assign, Buffer, Const, Expr, Fail, For, If, Kerne
                  Stmt, Store, Var, add, c, linear, mul)
 
 NO_BUFFER = ("full", "iota", "view")
-DEPTHWISE_PLANE_MAX_WIDTH = 32  # depthwise convs with narrower outputs run plane by plane
-DEPTHWISE_PLANE_BYTES = 64 * 1024  # ... when a zero-halo copy of one input plane fits this
 CONTRACTIONS = ("matmul", "conv2d")  # kernels tagged for the contraction passes (loop fusion skips them)
 
 # identity element and combine function of each reduction
@@ -232,11 +230,6 @@ class _Builder:
         ph, qh, pw, qw = conv_padding(dict(n.attrs))
         dt = n.dtype
         _, _, OH, OW = n.shape
-        Hp, Wp = H + ph + qh, W + pw + qw
-        if Cg == 1 and Kg == 1 and sh == sw and OW < DEPTHWISE_PLANE_MAX_WIDTH and dt == "float32" \
-                and Hp * Wp * 4 <= DEPTHWISE_PLANE_BYTES:
-            self.emit(n, self._depthwise_planes(n, x, w, (sh, ph, pw, dh, dw), (Hp, Wp)))
-            return
 
         def body(idx):
             b, g, kk, oh, ow = idx
@@ -256,6 +249,15 @@ class _Builder:
                     self.store(n, [b, k, oh, ow], Var("acc", dt))]
 
         self.emit(n, self.loops([N, G, Kg, OH, OW], "i", body, True))
+
+    def depthwise_planes(self, n: Node) -> None:
+        """The depthwise convolution ``n`` (one input and one output channel per group, equal
+        strides, float32) as ``_depthwise_planes``: for targets whose cost model prefers it."""
+        x, w = n.inputs
+        N, C, H, W = x.shape
+        (sh, _), (dh, dw) = n.attr("stride"), n.attr("dilation")
+        ph, qh, pw, qw = conv_padding(dict(n.attrs))
+        self.emit(n, self._depthwise_planes(n, x, w, (sh, ph, pw, dh, dw), (H + ph + qh, W + pw + qw)))
 
     def _depthwise_planes(self, n: Node, x: Node, w: Node, geom, padded) -> list[Stmt]:
         """A depthwise convolution on small maps, one (image, channel) plane at a time: the

@@ -24,6 +24,7 @@ from ...transform import (bounds, cache_static, coalesce, hoist, interchange, pa
                           tile_transposes)
 from .. import Backend, EmitRequest, Pass
 from .attention import lower_attention
+from .conv import lower_conv2d
 from .machine import CPUMachine, resolve
 
 SINK_TILE = 512  # iterations of a sunk parallel loop's tile (interchange.sink_parallel_loops)
@@ -43,7 +44,7 @@ class CPUBackend(Backend):
                 b.emit(n, pack, f"pack K, V for {n.op}{list(n.shape)}")
             b.emit(n, main)
 
-        return {"attention": attention}
+        return {"attention": attention, "conv2d": lower_conv2d}
 
     def passes(self, machine: CPUMachine, options) -> list[Pass]:
         o = options

@@ -24,6 +24,7 @@ LANES = 1024
 ROW_TILE = 4096  # elements of a rows x cols tile
 MAX_COLS = 8192
 MAX_TILE = 128
+MIN_DOT_COLS = 4
 MIN_TILE = 16
 
 
@@ -54,7 +55,9 @@ def _pow2(n: int) -> int:
 
 def plan_kernel(k: Kernel, machine: GPUMachine, precision: Precision) -> KernelPlan:
     shape = dot_shape(k) if k.contraction else None
-    if shape is not None:
+    # a product with fewer than 4 columns (a depthwise convolution: one output channel per
+    # group; a matrix-vector product) leaves the tensor cores nearly idle: lanes instead
+    if shape is not None and math.prod(shape.extents(shape.cols)) >= MIN_DOT_COLS:
         # warpgroup MMA (sm_90 and newer) takes 64 rows at a time: fewer rows than that still get
         # a 64-row tile (a skinny product is bound by reading the other operand anyway)
         least_rows = min(machine.mma[0], 64)
