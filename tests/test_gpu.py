@@ -372,3 +372,24 @@ def test_every_kernel_form_compiles_for_the_gpu():
                 if f["kind"] in ("rows", "dot", "flash"):
                     assert f["local_bytes"] == 0 and f["stack_bytes"] == 0, (name, f)
     assert forms == {"lanes", "rows", "dot", "flash"}
+
+
+@pytest.mark.parametrize("op", ["flash", "efficient", "efficient-bias"])
+def test_cuda_sdpa_ops_become_the_flash_kernel(op):
+    """The attention ops SDPA dispatches to on CUDA tensors (traced here on CPU tensors through
+    their meta functions) lower like the CPU one: one flash kernel."""
+    aten = torch.ops.aten
+    q, k, v = torch.randn(2, 3, 10, 16), torch.randn(2, 3, 12, 16), torch.randn(2, 3, 12, 16)
+    bias = torch.randn(2, 3, 10, 12)
+    fns = {"flash": lambda q, k, v: aten._scaled_dot_product_flash_attention(q, k, v, 0.0, True)[0],
+           "efficient": lambda q, k, v: aten._scaled_dot_product_efficient_attention(q, k, v, None, False, 0.0,
+                                                                                     True)[0],
+           "efficient-bias": lambda q, k, v: aten._scaled_dot_product_efficient_attention(q, k, v, bias, False)[0]}
+    torch._dynamo.reset()
+    polytile.reset_stats()
+    with torch.no_grad():
+        out = torch.compile(fns[op], backend="polytile", options=GPU)(q, k, v)
+    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=bias if op == "efficient-bias" else None,
+                                         is_causal=op != "efficient-bias")
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    assert polytile.stats()["gpu_flash_kernels"] == 1

@@ -214,6 +214,33 @@ def sdpa_flash_cpu(ctx, q, k, v, dropout_p=0.0, is_causal=False, *, attn_mask=No
     return out, b.squeeze(lse, [-1])
 
 
+def _outputs_used(ctx) -> set[int]:
+    import operator
+
+    return {u.args[1] for u in ctx.node.users if u.target is operator.getitem}
+
+
+@lowers(aten._scaled_dot_product_flash_attention.default)
+def sdpa_flash_cuda(ctx, q, k, v, dropout_p=0.0, is_causal=False, return_debug_mask=False, *, scale=None):
+    """SDPA's FlashAttention op of CUDA tensors: (out, logsumexp[B, H, L], then the sequence
+    lengths and RNG state its backward reads, which only inference may leave undefined)."""
+    if _outputs_used(ctx) - {0, 1}:
+        raise Unsupported("the CUDA flash attention op's RNG and length outputs are used (training)")
+    out, lse = sdpa_flash_cpu(ctx, q, k, v, dropout_p, is_causal, scale=scale)
+    return (out, lse) + (None,) * 7
+
+
+@lowers(aten._scaled_dot_product_efficient_attention.default)
+def sdpa_efficient_cuda(ctx, q, k, v, attn_bias, compute_log_sumexp, dropout_p=0.0, is_causal=False, *,
+                        scale=None):
+    """SDPA's memory-efficient op of CUDA tensors (an additive ``attn_bias`` allowed): its output
+    only; its logsumexp (padded to 32 rows) and RNG outputs serve the backward op."""
+    if _outputs_used(ctx) - {0}:
+        raise Unsupported("the CUDA efficient attention op's logsumexp or RNG outputs are used (training)")
+    out, _ = sdpa_flash_cpu(ctx, q, k, v, dropout_p, is_causal, attn_mask=attn_bias, scale=scale)
+    return (out, None, None, None)
+
+
 def _mha(b, query, key, value, E, H, w_in, b_in, w_out, b_out, mask=None):
     """nn.MultiheadAttention with batch-first [B, L, E] inputs; returns (out, probs[B,H,L,S])."""
     D = E // H
