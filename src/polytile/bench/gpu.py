@@ -7,7 +7,8 @@ fp16), attention over ``attention_configs.csv`` (fp16 against SDPA; polytile com
 written-out ``softmax(q k^T s) v``, the form it fuses), and a few models of ``models.csv`` at
 batch 1 and 8 (fp16 and fp32). A case polytile runs through ATen in part is reported as
 ``fallback`` with its count, never timed as polytile's. The whole run keeps to ``budget_s``
-(default 420 s: one H100/H200 command of the device tool): what does not fit is listed as
+(default 420 s: one H100/H200 command of the device tool), each kind of case to a share of
+it, Inductor's max-autotune to the first cases of each kind: what does not fit is listed as
 skipped. Timing: CUDA events around enough back-to-back calls to fill about 2 ms, systems
 alternating, median of the rounds.
 """
@@ -61,14 +62,28 @@ def _gpu_time(fns: dict[str, Callable], rounds: int) -> dict[str, float]:
     return {k: statistics.median(v) for k, v in samples.items()}
 
 
+# each kind of case gets this share of what is left of the budget when its first case starts
+SHARES = {"gemm": 0.25, "conv": 0.33, "attention": 0.25, "model": 1.0}
+AUTOTUNED = 3  # cases of each section that Inductor's max-autotune compiles (minutes each otherwise)
+
+
 class _Run:
     def __init__(self, budget_s: float, rounds: int, autotune: bool):
         self.deadline = time.monotonic() + budget_s
         self.rounds, self.autotune = rounds, autotune
         self.results: list[dict] = []
+        self.kind, self.kind_deadline, self.kind_cases = None, self.deadline, 0
 
     def left(self) -> float:
-        return self.deadline - time.monotonic()
+        return min(self.deadline, self.kind_deadline) - time.monotonic()
+
+    def _enter(self, section: str) -> None:
+        kind = section.split()[0]
+        if kind != self.kind:
+            now = time.monotonic()
+            self.kind, self.kind_cases = kind, 0
+            self.kind_deadline = now + SHARES.get(kind, 1.0) * max(0.0, self.deadline - now)
+        self.kind_cases += 1
 
     def case(self, section: str, label: str, flops: float, fn: Callable, args: tuple, tol: float,
              baseline: Callable | None = None) -> None:
@@ -76,6 +91,7 @@ class _Run:
         ``fn`` itself), after polytile's result is checked against it."""
         res = {"section": section, "case": label, "flops": flops}
         self.results.append(res)
+        self._enter(section)
         if self.left() < 5:
             res["status"] = "skipped (time budget)"
             return
@@ -105,7 +121,7 @@ class _Run:
                 ind = torch.compile(fn)
                 ind(*args)
                 fns["inductor"] = lambda: ind(*args)
-                if self.autotune and self.left() > 60:
+                if self.autotune and self.kind_cases <= AUTOTUNED and self.left() > 60:
                     tuned = torch.compile(fn, mode="max-autotune")
                     tuned(*args)
                     fns["inductor_max_autotune"] = lambda: tuned(*args)
