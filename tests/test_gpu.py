@@ -39,6 +39,12 @@ def _graphs() -> list[TritonGraph]:
     return [o for o in gc.get_objects() if type(o) is TritonGraph]
 
 
+def _compiled_graphs(fn, args, **opts) -> list:
+    before = {id(g) for g in _graphs()}
+    _run(fn, args, **opts)
+    return [g for g in _graphs() if id(g) not in before]
+
+
 def test_the_gpu_target_takes_cpu_tensors_only_in_the_interpreter(monkeypatch):
     assert select("gpu", "cpu").name == "gpu"  # TRITON_INTERPRET=1 (conftest)
     assert select(None, "cuda").name == "gpu"
@@ -137,6 +143,18 @@ def test_batched_matmul_and_linear():
     assert s["gpu_dot_kernels"] == 1
     lin = torch.nn.Linear(40, 24)
     _run(lin, (torch.randn(2, 9, 40),))
+
+
+def test_tiles_shrink_until_they_fill_the_sms():
+    """The GPU cost model reads the machine: a 256x256 product is 4 tiles of 128x128, fewer than
+    an H100's 132 SMs: its tiles shrink (to 64 rows, 32 columns: 32 tiles); on a made-up 4-SM
+    machine the 128x128 tiles stay."""
+    def tiles(machine):
+        (g,) = _compiled_graphs(torch.mm, (torch.randn(256, 300), torch.randn(300, 256)), machine=machine)
+        (k,) = g.kernels
+        return k.plan.bm, k.plan.bn
+    assert tiles({"preset": "h100"}) == (64, 32)
+    assert tiles({"preset": "h100", "sm_count": 4}) == (128, 128)
 
 
 def test_fp32_matmul_precision_follows_torch():
@@ -331,12 +349,6 @@ def test_the_gpu_benchmark_script_runs(tmp_path):
     # fp16 graphs have no lowering yet (low precision is issue 31): reported, not timed
     assert by[("gemm fp16", "24x40x16 bT")]["status"] in ("fallback", "pass")
     assert "polytile GPU benchmark" in text and len(res) == 5
-
-
-def _compiled_graphs(fn, args) -> list:
-    before = {id(g) for g in _graphs()}
-    _run(fn, args)
-    return [g for g in _graphs() if id(g) not in before]
 
 
 def test_every_kernel_form_compiles_for_the_gpu():

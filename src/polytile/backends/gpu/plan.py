@@ -1,7 +1,8 @@
 """The GPU cost model: one ``KernelPlan`` per kernel (``codegen.triton`` renders it).
 
 A contraction that ``dot`` can run gets output tiles sized to its extents (at most 128 x 128,
-at least the 16 x 16 a tensor-core instruction needs), a reduction step of 32 fp32 elements,
+at least 64 rows on chips with warpgroup MMA), halved while there are fewer tiles than SMs,
+a reduction step of 32 fp32 elements,
 8 warps for the large tile and as many pipeline stages as the shared memory holds. A kernel
 whose inner loops can run across columns (``codegen.triton_rows``: softmax, norms, row
 reductions) gets row tiles of about 4096 elements (columns: the loops' trip count rounded up
@@ -25,6 +26,7 @@ ROW_TILE = 4096  # elements of a rows x cols tile
 MAX_COLS = 8192
 MAX_TILE = 128
 MIN_DOT_COLS = 4
+MIN_COLS_TILE = 32  # the narrowest column tile the SM-filling rule goes down to
 MIN_TILE = 16
 
 
@@ -61,8 +63,15 @@ def plan_kernel(k: Kernel, machine: GPUMachine, precision: Precision) -> KernelP
         # warpgroup MMA (sm_90 and newer) takes 64 rows at a time: fewer rows than that still get
         # a 64-row tile (a skinny product is bound by reading the other operand anyway)
         least_rows = min(machine.mma[0], 64)
-        bm = _pow2_tile(math.prod(shape.extents(shape.rows)), least_rows)
-        bn = _pow2_tile(math.prod(shape.extents(shape.cols)))
+        M, N = math.prod(shape.extents(shape.rows)), math.prod(shape.extents(shape.cols))
+        bm, bn = _pow2_tile(M, least_rows), _pow2_tile(N)
+        # fewer tiles than SMs leaves SMs idle: halve the larger tile side while that adds tiles
+        batch = math.prod(shape.extents(shape.batch))
+        while batch * -(-M // bm) * -(-N // bn) < machine.sm_count and (bm > least_rows or bn > MIN_COLS_TILE):
+            if bn > MIN_COLS_TILE and (bn >= bm or bm <= least_rows):
+                bn //= 2
+            else:
+                bm //= 2
         bk = 32
         stage_bytes = (bm * bk + bk * bn) * 4
         stages = max(1, min(4, machine.smem_per_block // stage_bytes))
