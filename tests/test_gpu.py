@@ -217,14 +217,11 @@ def test_mixed_precision_contractions_on_an_fp32_model():
 def test_fp32_conv_precision_follows_cudnn_flag():
     from polytile.backends.gpu import fp32_conv_precision
 
-    old = torch.backends.cudnn.allow_tf32
-    try:
-        torch.backends.cudnn.allow_tf32 = False
+    # (the flags() context: other tests may have disabled setting the global flags directly)
+    with torch.backends.cudnn.flags(allow_tf32=False):
         assert fp32_conv_precision() == "ieee"
-        torch.backends.cudnn.allow_tf32 = True
+    with torch.backends.cudnn.flags(allow_tf32=True):
         assert fp32_conv_precision() == "tf32"
-    finally:
-        torch.backends.cudnn.allow_tf32 = old
 
 
 @pytest.mark.parametrize("kind,i", [(k, i) for k, makes in CASES.items() for i in range(len(makes))
