@@ -313,17 +313,24 @@ def test_contractions_compile_to_tensor_core_code(arch, precision):
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
-def test_flash_attention_compiles_to_tensor_core_code(arch):
-    """The flash kernel's two products run on the tensor cores (TF32 allowed), without spills,
-    within the arch's shared memory."""
+@pytest.mark.parametrize("precision", ["tf32", "ieee"])
+@pytest.mark.parametrize("D", [64, 128])
+def test_flash_attention_compiles_without_spills(arch, precision, D):
+    """The flash kernel of BERT- and Llama-sized heads (an additive mask), planned for the arch's
+    machine, compiles without spills,
+    within the arch's shared memory; with TF32 its two products run on the tensor cores (in
+    IEEE fp32 they run on the FMA units, with smaller tiles that fit the registers)."""
     from polytile.backends.gpu.aot import compile_in_subprocess, spec_of
 
-    fn, args = _sdpa(70, 70, 64, causal=True)
-    _run(fn, args, mm_conv_precision="tf32")
-    g = [g for g in _graphs() if [k.plan.kind for k in g.kernels] == ["flash"]][-1]
+    q, k, v = (torch.randn(1, 2, 70, D) for _ in range(3))
+    mask = torch.randn(1, 1, 1, 70)
+    fn = lambda q, k, v, m: torch.softmax(q @ k.transpose(-1, -2) / 8.0 + m, -1) @ v  # noqa: E731
+    machine = {"sm_80": "a100", "sm_90a": "h100"}[arch]
+    (g,) = _compiled_graphs(fn, (q, k, v, mask), mm_conv_precision=precision, machine={"preset": machine})
+    assert [k.plan.kind for k in g.kernels] == ["flash"]
     (f,) = compile_in_subprocess(spec_of(g), arch).values()
     limit = {"sm_80": PRESETS["a100"], "sm_90a": PRESETS["h100"]}[arch].smem_per_block
-    assert f["tensor_core"] or f["mma_sync"], f
+    assert (f["tensor_core"] or f["mma_sync"]) == (precision == "tf32"), f
     assert f["local_bytes"] == 0 and f["stack_bytes"] == 0 and f["ptx_local_stores"] == 0, f
     assert 0 < f["shared_bytes"] <= limit, f
 

@@ -6,7 +6,10 @@ a reduction step of 32 fp32 elements,
 8 warps for the large tile and as many pipeline stages as the shared memory holds. A kernel
 whose inner loops can run across columns (``codegen.triton_rows``: softmax, norms, row
 reductions) gets row tiles of about 4096 elements (columns: the loops' trip count rounded up
-to a power of two). Every other kernel runs as lanes: up to 1024 per program.
+to a power of two). Attention gets flash tiles sized so that its registers hold them (checked
+without spills by ahead-of-time compiles): fewer keys per block for wider heads, 16-row tiles
+when fp32 products run on the FMA units. Every other kernel runs as lanes: up to 1024 per
+program.
 """
 from __future__ import annotations
 
@@ -75,13 +78,20 @@ def plan_kernel(k: Kernel, machine: GPUMachine, precision: Precision) -> KernelP
         bk = 32
         stage_bytes = (bm * bk + bk * bn) * 4
         stages = max(1, min(4, machine.smem_per_block // stage_bytes))
-        warps = 8 if bm * bn >= 128 * 128 else 4
+        # (fp32 products on the FMA units keep whole tiles in registers: more warps share them)
+        warps = 8 if bm * bn >= (64 * 64 if precision.of(k) == "ieee" else 128 * 128) else 4
         return KernelPlan("dot", bm=bm, bn=bn, bk=bk, warps=warps, stages=stages, precision=precision.of(k))
     flash = flash_shape(k)
-    if flash is not None:  # fp32 tiles: 64 query rows, keys in blocks of 64 (32 for wide heads)
+    if flash is not None:
         depth = max(flash.depth.hi.value - flash.depth.lo.value, flash.out.hi.value - flash.out.lo.value)
-        return KernelPlan("flash", bm=64, bn=64 if depth <= 32 else 32, warps=4 if depth <= 32 else 8, stages=2,
-                          precision=precision.matmul)
+        if precision.matmul == "ieee":  # products on the FMA units hold every tile in registers
+            return KernelPlan("flash", bm=16, bn=32 if depth <= 32 else 16, warps=8 if depth > 64 else 4, stages=2,
+                              precision="ieee")
+        # tensor cores: 64 query rows (a warpgroup MMA), fewer keys per block for wider heads
+        bm, bn, warps = (64, 64, 4) if depth <= 32 else (64, 32, 8) if depth <= 64 else (64, 16, 4)
+        if depth > 64 and machine.capability < 90:  # warp-level MMA keeps more per thread: fewer rows
+            bm, bn = 32, 32
+        return KernelPlan("flash", bm=bm, bn=bn, warps=warps, stages=2, precision=precision.matmul)
     band, inner = outer_band(k.body)
     total = 1
     for f in band:
