@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..affine.ir import Alloc, Assign, Const, Expr, For, Kernel, Let, Load, Op, Program, Store, Var, walk_exprs
+from ..affine.ir import Alloc, Assign, Const, Expr, For, Kernel, Let, Op, Program, Store, Var, walk_exprs
 from .triton_kernel import KernelPlan, Renderer, RenderedKernel, finish, outer_band
 
 

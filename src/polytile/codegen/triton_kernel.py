@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass, field
 
 from ..affine.ir import (INDEX, Alloc, Assign, Const, Expr, Fail, For, If, Kernel, Let, Load, Op, Prefetch,
-                         Program, Store, Var, is_affine, local_arrays, walk_exprs, walk_stmts)
+                         Program, Store, Var, local_arrays, stmt_exprs, walk_exprs, walk_stmts)
 from ..dtypes import Unsupported
 from .triton_ops import TL_DTYPE, render_op
 from .triton_rows import loop_kind, reduction
@@ -234,7 +234,7 @@ def _const(e: Const) -> str:
     return str(int(v))
 
 
-def _signature(prog: Program, buffers: list[str], scratch: dict[str, int], local, fail: bool) -> dict[str, str]:
+def _signature(prog: Program, buffers: list[str], scratch: dict, local, fail: bool) -> dict[str, str]:
     tl_name = {"float32": "fp32", "float64": "fp64", "float16": "fp16", "bfloat16": "bf16", "int64": "i64",
                "int32": "i32", "int16": "i16", "int8": "i8", "uint8": "u8", "bool": "i1"}
     sig = {f"b_{b}": "*" + tl_name[prog.buffer(b).dtype] for b in buffers}
@@ -245,7 +245,7 @@ def _signature(prog: Program, buffers: list[str], scratch: dict[str, int], local
 
 
 def finish(prog, k, r: Renderer, plan, grid, scratch, params, consts) -> RenderedKernel:
-    reads = {x.buf for s in walk_stmts(k.body) for e in _exprs(s) for x in walk_exprs(e) if isinstance(x, Load)}
+    reads = {x.buf for s in walk_stmts(k.body) for e in stmt_exprs(s) for x in walk_exprs(e) if isinstance(x, Load)}
     writes = {s.buf for s in walk_stmts(k.body) if isinstance(s, Store)}
     buffers = sorted((reads | writes) - set(r.local))
     args = [f"b_{b}" for b in buffers] + [f"s_{s}" for s in scratch] + (["err"] if r.uses_fail else [])
@@ -255,11 +255,3 @@ def finish(prog, k, r: Renderer, plan, grid, scratch, params, consts) -> Rendere
     src = "\n".join(head + r.lines) + "\n"
     return RenderedKernel(k.name, src, buffers, scratch, grid, plan,
                           _signature(prog, buffers, scratch, r.local, r.uses_fail), consts, r.uses_fail)
-
-
-def _exprs(s):
-    from ..affine.ir import stmt_exprs
-
-    return stmt_exprs(s)
-
-
