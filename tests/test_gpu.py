@@ -198,8 +198,11 @@ def test_attention_is_one_flash_kernel(case):
                                  (torch.randn(3, 20, 24), torch.randn(3, 30, 24), torch.randn(3, 30, 40))),
             "long-head": lambda: _sdpa(17, 33, 96)}[case]
     fn, args = make()
-    s = _run(fn, args)
+    (g,) = _compiled_graphs(fn, args)
+    s = polytile.stats()
     assert s["gpu_flash_kernels"] == 1 and s["gpu_lane_kernels"] == 0 and s["gpu_scratch_arrays"] == 0
+    # causal: the key loop of a query tile ends at its last row's diagonal
+    assert ("for j0 in range(0, tl.minimum(" in g.source) == (case in ("causal", "gqa"))
 
 
 def test_mixed_precision_contractions_on_an_fp32_model():

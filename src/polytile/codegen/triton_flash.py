@@ -80,7 +80,8 @@ def causal_offset(f: FlashShape) -> int | None:
     """``offset`` when the score steps keep only keys ``j <= l + offset`` (a causal mask)."""
     l, j = f.row.var, f.keys.var
     for x in walk_exprs(f.score.value):
-        if isinstance(x, Op) and x.fn == "where" and isinstance(x.args[0], Op) and x.args[0].fn == "le":
+        fill = x.args[2] if isinstance(x, Op) and x.fn == "where" else None
+        if isinstance(fill, Const) and fill.value == -math.inf and isinstance(x.args[0], Op) and x.args[0].fn == "le":
             a, b = x.args[0].args
             if isinstance(a, Var) and a.name == j:
                 if isinstance(b, Var) and b.name == l:
