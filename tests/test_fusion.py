@@ -267,7 +267,9 @@ def test_producer_fused_into_a_small_depthwise_plane_copy():
     x, w = b.input(0, [1, 8, 16, 16], F32), b.input(1, [8, 1, 3, 3], F32)
     act = b.ew("relu", b.ew("add", b.ew("mul", x, b.full(0.5, F32)), b.full(1.0, F32)))
     conv = b.node("conv2d", (act, w), stride=(2, 2), padding=(1, 1), dilation=(1, 1), groups=8)
-    out = fuse_producers.fuse_producers(parallelize.check_parallel(build(b.graph([conv]))))
+    from polytile.backends.cpu.conv import lower_conv2d  # the CPU backend's choice of the plane form
+
+    out = fuse_producers.fuse_producers(parallelize.check_parallel(build(b.graph([conv]), {"conv2d": lower_conv2d})))
     (k,) = out.kernels
     assert "relu" in k.origin and any(isinstance(s, Alloc) and s.name == "xplane" for s in walk_stmts(k.body))
 
