@@ -54,6 +54,7 @@ class Case:
     make: Callable[[], tuple]  # fresh inputs (the test seeds the RNG from the id first)
     path: str = "dynamo"  # "dynamo": torch.compile; "aten" / "aten_factory": explicit overloads, see _compile_aten
     xfail: str | None = None  # a known failure outside the lowering rules (strict xfail)
+    reference: Callable | None = None  # eager's function where ``fn`` has no CPU kernel (CUDA-only ops)
 
 
 CASES: list[Case] = []
@@ -657,6 +658,14 @@ case("sdpa-bool-mask-all-false-row", lambda q, k, v, m: F.scaled_dot_product_att
               torch.tensor([[True, False, False], [False, False, False], [True, True, True]])))
 case("sdpa-gqa", lambda q, k, v: F.scaled_dot_product_attention(q, k, v, enable_gqa=True),
      lambda: (randn(1, 4, 3, 4), randn(1, 2, 3, 4), randn(1, 2, 3, 4)))
+# the ops SDPA dispatches to for CUDA tensors, traced here on CPU tensors through their meta functions
+case("sdpa-cuda-flash-op", lambda q, k, v: aten._scaled_dot_product_flash_attention(q, k, v, 0.0, True)[0],
+     lambda: (randn(2, 3, 5, 8), randn(2, 3, 7, 8), randn(2, 3, 7, 8)),
+     reference=lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True))
+case("sdpa-cuda-efficient-op-bias",
+     lambda q, k, v, m: aten._scaled_dot_product_efficient_attention(q, k, v, m, False)[0],
+     lambda: (randn(2, 3, 5, 8), randn(2, 3, 7, 8), randn(2, 3, 7, 8), randn(2, 3, 5, 7)),
+     reference=lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m))
 
 
 # ---------------------------------------------------------------- rules reached only by explicit overloads
@@ -779,7 +788,7 @@ def run_case(c: Case):
     inputs = c.make()
     torch._dynamo.reset()
     with torch.no_grad():
-        expected = c.fn(*inputs)
+        expected = (c.reference or c.fn)(*inputs)
         polytile.reset_stats()
         if c.path == "dynamo":
             got = torch.compile(c.fn, backend="polytile", dynamic=False)(*inputs)
@@ -824,7 +833,7 @@ def test_op(c: Case, record_rules):
 
     def ref64():  # the fp64 reference, computed only if some result is not allclose
         try:
-            out = fp64_reference(c.fn, inputs)
+            out = fp64_reference(c.reference or c.fn, inputs)
         except Exception:  # e.g. a float32 module captured by the case function: no reference
             return None
         return out if c.path == "dynamo" else tree_leaves(out)
