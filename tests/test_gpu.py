@@ -360,6 +360,34 @@ def test_the_gpu_benchmark_script_runs(tmp_path):
     assert "polytile GPU benchmark" in text and len(res) == 5
 
 
+def test_the_gpu_benchmarks_model_section_runs(tmp_path, monkeypatch):
+    """The model section's flow (batch 1 and 8, fp16 and fp32, HF keyword inputs), with a tiny
+    BERT standing in for the suite's models (the interpreter is far too slow for them)."""
+    transformers = pytest.importorskip("transformers")
+    from polytile.bench import gpu, zoo
+
+    def tiny(spec, batch=None, seed=0, dropout=True):
+        torch.manual_seed(seed)
+        cfg = transformers.BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                      intermediate_size=48, max_position_embeddings=16)
+        return zoo.Workload(spec, transformers.BertModel(cfg).eval(), (), {"input_ids": torch.randint(0, 64, (batch, 8))})
+
+    monkeypatch.setattr(zoo, "build", tiny)
+    monkeypatch.setattr(gpu, "MODELS", [("huggingface", "BertForMaskedLM")])
+    shapes = tmp_path / "shapes"
+    shapes.mkdir()
+    for f in ("gemm_shapes.csv", "conv_shapes.csv", "attention_configs.csv"):
+        (shapes / f).write_text({"gemm_shapes.csv": "M,N,K,a_transposed,b_transposed\n",
+                                 "conv_shapes.csv": "N,C,H,W,K,R,S,stride,pad,dilation,groups\n",
+                                 "attention_configs.csv": "batch,heads,kv_heads,seq_q,seq_k,head_dim,causal\n"}[f])
+    (shapes / "models.csv").write_text("huggingface,BertForMaskedLM,1\n")
+    gpu.run(str(shapes), str(tmp_path / "out"), rounds=1, autotune=False, device="cpu")
+    res = json.loads((tmp_path / "out" / "results.json").read_text())["results"]
+    status = {(r["section"], r["case"]): r["status"] for r in res}
+    assert status[("model fp32", "BertForMaskedLM b1")] == "pass" and status[("model fp32", "BertForMaskedLM b8")] == "pass"
+    assert status[("model fp16", "BertForMaskedLM b1")] in ("fallback", "pass")
+
+
 def test_every_kernel_form_compiles_for_the_gpu():
     """Not only the interpreter: every kernel of graphs covering all four forms, the scalar-op
     templates and helpers, index errors and scratch arrays compiles with Triton's real compiler
