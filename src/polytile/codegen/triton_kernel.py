@@ -108,12 +108,16 @@ class Renderer:
             # each branch reads memory only in the lanes that take it (a guarded index may be
             # out of range in the others, as the C renderer's ternary never evaluates it)
             c = self.ex(e.args[0], mask)
-            mt, mf = self.temp(f"{mask} & ({c} != 0)", "m"), self.temp(f"{mask} & ({c} == 0)", "m")
+            mt = self.temp(f"{mask} & ({c} != 0)", "m") if self._reads(e.args[1]) else mask
+            mf = self.temp(f"{mask} & ({c} == 0)", "m") if self._reads(e.args[2]) else mask
             text = f"tl.where({c} != 0, {self.ex(e.args[1], mt)}, {self.ex(e.args[2], mf)})"
         else:
             text = render_op(e.fn, [self.ex(a, mask) for a in e.args], e.dtype, e.args[0].dtype)
         name = self.cse[key] = self.temp(text, "x")
         return name
+
+    def _reads(self, e: Expr) -> bool:
+        return any(isinstance(x, Load) and x.buf not in self.regs for x in walk_exprs(e))
 
     def temp(self, text: str, base: str) -> str:
         name = self.fresh(base)
