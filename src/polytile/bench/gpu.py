@@ -181,6 +181,7 @@ def run(shapes_dir: str, out_dir: str, budget_s: float = 420.0, rounds: int = 10
         fn, args = make()
         r.case(section, label, flops, fn, _to(args, dtype, device), 2e-2 if dtype == torch.float16 else 1e-3,
                getattr(fn, "sdpa", None))
+        _report(r, out_dir, budget_s)  # after every case: a run cut short still leaves its report
     if models:
         _models(r, shapes_dir, device)
     return _report(r, out_dir, budget_s)
@@ -218,7 +219,10 @@ def _report(r: _Run, out_dir: str, budget_s: float) -> str:
     os.makedirs(out_dir, exist_ok=True)
     from .suite import environment
 
-    env = environment()
+    try:
+        env = environment()
+    except Exception as e:  # (no C compiler on a GPU image: its version is then unknown)
+        env = {"torch": torch.__version__, "environment": f"incomplete: {e}"}
     env.update(triton=_version("triton"), cuda=torch.version.cuda)
     if torch.cuda.is_available():
         p = torch.cuda.get_device_properties(0)
