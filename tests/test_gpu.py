@@ -243,6 +243,16 @@ def test_padding_and_pooling_read_only_inside_the_input():
     _run(fn, (torch.randn(2, 3, 11, 9),))
 
 
+def test_sibling_nests_under_a_small_band_become_separate_kernels():
+    """A pad writes its interior and each halo side in its own nest under the batch loop (one
+    iteration): each nest becomes its own kernel whose parallel loops fill the grid, in order."""
+    fn = lambda x: F.pad(x, (1, 2, 0, 1), value=-1.0) * 2  # noqa: E731
+    (g,) = _compiled_graphs(fn, (torch.randn(1, 3, 7, 6),), fuse_producers=False, fuse_epilogues=False)
+    pads = [k for k in g.kernels if "_pad_" in k.name]
+    assert len(pads) == 4 and all(k.grid >= 1 and k.plan.kind == "lanes" for k in pads)
+    assert max(k.grid * k.plan.block for k in pads) >= 3 * 7 * 6  # the interior copy: one lane per element
+
+
 def test_index_out_of_range_raises():
     emb = torch.nn.Embedding(10, 4)
     c = torch.compile(emb, backend="polytile", options=GPU)

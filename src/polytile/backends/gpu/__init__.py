@@ -24,6 +24,7 @@ from .. import Backend, EmitRequest, Pass
 from .attention import lower_attention
 from .machine import GPUMachine, resolve
 from .plan import Precision as _Precision
+from .split_nests import split_sibling_nests
 from .plan import plan_kernels
 
 
@@ -57,7 +58,8 @@ class GPUBackend(Backend):
         return {"attention": lambda b, n: b.emit(n, lower_attention(b, n))}
 
     def passes(self, machine: GPUMachine, options) -> list[Pass]:
-        return []  # the kernels' mapping onto the GPU is the plan's (see ``emit``)
+        # (the rest of the kernels' mapping onto the GPU is the plan's: see ``emit``)
+        return [("split_sibling_nests", split_sibling_nests)]
 
     def emit(self, prog, request: EmitRequest):
         from ...runtime.triton_launcher import TritonGraph, load_module
