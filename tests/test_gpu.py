@@ -139,6 +139,19 @@ def test_depthwise_convolution_runs_as_lanes_without_scratch():
     assert s["gpu_lane_kernels"] == 1 and s["gpu_scratch_arrays"] == 0 and s["gpu_dot_kernels"] == 0
 
 
+def test_cache_weights_option():
+    """``cache_weights`` (a CPU backend pass keeps weight-only values; the GPU backend keeps
+    none yet) leaves the GPU graph correct, an in-place weight update included."""
+    lin = torch.nn.Sequential(torch.nn.Linear(40, 24), torch.nn.ReLU(), torch.nn.Linear(24, 8)).eval()
+    x = torch.randn(5, 40)
+    _run(lin, (x,), cache_weights=True)
+    with torch.no_grad():
+        c = torch.compile(lin, backend="polytile", options={**GPU, "cache_weights": True})
+        c(x)
+        lin[0].weight.mul_(2)
+        torch.testing.assert_close(c(x), lin(x), rtol=1e-5, atol=1e-5)
+
+
 def test_batched_matmul_and_linear():
     q, kt = torch.randn(3, 2, 21, 16), torch.randn(3, 2, 16, 33)
     s = _run(lambda q, kt: torch.softmax(q @ kt, -1), (q, kt))

@@ -13,7 +13,7 @@ from ..dtypes import Unsupported
 from ..graph.builder import contiguous_strides
 from ..graph.ir import Graph, Node
 from ..graph.ops import conv_padding
-from .ir import (INDEX, Alloc, Assign, Buffer, Const, Expr, Fail, For, If, Kernel, Let, Load, Op, Program,
+from .ir import (INDEX, Assign, Buffer, Const, Expr, Fail, For, If, Kernel, Let, Load, Op, Program,
                  Stmt, Store, Var, add, c, linear, mul)
 
 NO_BUFFER = ("full", "iota", "view")
@@ -249,49 +249,6 @@ class _Builder:
                     self.store(n, [b, k, oh, ow], Var("acc", dt))]
 
         self.emit(n, self.loops([N, G, Kg, OH, OW], "i", body, True))
-
-    def depthwise_planes(self, n: Node) -> None:
-        """The depthwise convolution ``n`` (one input and one output channel per group, equal
-        strides, float32) as ``_depthwise_planes``: for targets whose cost model prefers it."""
-        x, w = n.inputs
-        N, C, H, W = x.shape
-        (sh, _), (dh, dw) = n.attr("stride"), n.attr("dilation")
-        ph, qh, pw, qw = conv_padding(dict(n.attrs))
-        self.emit(n, self._depthwise_planes(n, x, w, (sh, ph, pw, dh, dw), (H + ph + qh, W + pw + qw)))
-
-    def _depthwise_planes(self, n: Node, x: Node, w: Node, geom, padded) -> list[Stmt]:
-        """A depthwise convolution on small maps, one (image, channel) plane at a time: the
-        plane is copied into a local zero-halo buffer (the padding tests disappear), and each
-        tap accumulates over the whole plane as one contiguous loop, output rows laid at the
-        padded row pitch (q = oh*Wp + ow reads s*q + kh*dh*Wp + kw*dw; the halo columns are
-        computed and dropped). Rows of a small map are too short to vectorize on their own."""
-        N, C, H, W = x.shape
-        _, _, R, S = w.shape
-        _, _, OH, OW = n.shape
-        s, ph, pw, dh, dw = geom
-        Hp, Wp = padded
-        Q = (OH - 1) * Wp + OW
-        dt = n.dtype
-        b, g = Var("i0"), Var("i1")
-        q, ih, iw, kh, kw, oh, ow = (Var(v) for v in ("q", "ih", "iw", "kh", "kw", "oh", "ow"))
-        xp, acc = "xplane", "accplane"
-        zero = Const(0.0, dt)
-        tap = Op("mul", (Load(xp, add(mul(q, c(s)), add(mul(kh, c(dh * Wp)), mul(kw, c(dw)))), dt),
-                         self.read(w, [g, c(0), kh, kw])), dt)
-        body: list[Stmt] = [
-            Alloc(xp, dt, Hp * Wp), Alloc(acc, dt, Q),
-            For("q", c(0), c(Hp * Wp), (Store(xp, q, zero),), parallel=True),
-            For("ih", c(0), c(H), (For("iw", c(0), c(W), (
-                Store(xp, add(mul(add(ih, c(ph)), c(Wp)), add(iw, c(pw))), self.read(x, [b, g, ih, iw])),),
-                parallel=True),), parallel=True),
-            For("q", c(0), c(Q), (Store(acc, q, zero),), parallel=True),
-            For("kh", c(0), c(R), (For("kw", c(0), c(S), (For("q", c(0), c(Q), (
-                Store(acc, q, Op("add", (Load(acc, q, dt), tap), dt)),), parallel=True),)),)),
-            For("oh", c(0), c(OH), (For("ow", c(0), c(OW), (
-                self.store(n, [b, g, oh, ow], Load(acc, add(mul(oh, c(Wp)), ow), dt)),), parallel=True),),
-                parallel=True),
-        ]
-        return [For("i0", c(0), c(N), (For("i1", c(0), c(C), tuple(body), parallel=True),), parallel=True)]
 
     def pool2d(self, n: Node) -> None:
         (x,) = n.inputs

@@ -73,6 +73,7 @@ class _Run:
         self.rounds, self.autotune = rounds, autotune
         self.results: list[dict] = []
         self.kind, self.kind_deadline, self.kind_cases = None, self.deadline, 0
+        self.env: dict | None = None  # the machine and versions, for the report
 
     def left(self) -> float:
         return min(self.deadline, self.kind_deadline) - time.monotonic()
@@ -215,8 +216,7 @@ def _geo(xs):
     return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else float("nan")
 
 
-def _report(r: _Run, out_dir: str, budget_s: float) -> str:
-    os.makedirs(out_dir, exist_ok=True)
+def _environment() -> dict:
     from .suite import environment
 
     try:
@@ -229,6 +229,14 @@ def _report(r: _Run, out_dir: str, budget_s: float) -> str:
         env.update(gpu=p.name, capability=f"{p.major}.{p.minor}", sms=p.multi_processor_count)
     else:
         env.update(gpu="none: Triton's interpreter on the CPU (a test run, not a measurement)")
+    return env
+
+
+def _report(r: _Run, out_dir: str, budget_s: float) -> str:
+    os.makedirs(out_dir, exist_ok=True)
+    if r.env is None:
+        r.env = _environment()
+    env = r.env
     rows, summary = [], []
     sections = list(dict.fromkeys(x["section"] for x in r.results))
     for sec in sections:

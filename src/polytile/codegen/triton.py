@@ -23,68 +23,59 @@ Three forms, chosen per kernel by the GPU backend's plan (``backends.gpu.plan.Ke
 """
 from __future__ import annotations
 
-import math
-
 from ..affine.ir import Kernel, Program
-from .triton_kernel import HEADER, KernelPlan, Renderer, RenderedKernel, finish, outer_band
+from .triton_dot import render_dot
+from .triton_flash import render_flash
+from .triton_kernel import HEADER, KernelPlan, Renderer, RenderedKernel, decompose, finish, outer_band, total
 from .triton_ops import PRELUDE
 from .triton_rows import register_arrays
 
 __all__ = ["KernelPlan", "RenderedKernel", "render_module"]
 
 
+def _band_lanes(r: Renderer, band, lines: list[str]) -> None:
+    """Bind the band's variables to the lanes' coordinates in the flattened band (``f``)."""
+    r.names.update(decompose(lines, "    ", "f", band, "v_"))
+    r.lane_vars |= {f.var for f in band}
+    r.lines = lines
+
+
 def render_lanes(prog: Program, k: Kernel, plan: KernelPlan) -> RenderedKernel:
     band, inner = outer_band(k.body)
-    extents = [f.hi.value - f.lo.value for f in band]
-    total = math.prod(extents)
+    n = total(band)
     r = Renderer(prog, k, "[BLOCK]", "zi", "f")
-    lines = [
+    _band_lanes(r, band, [
         "    f = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK).to(tl.int64)",
-        f"    m0 = f < {total}",
+        f"    m0 = f < {n}",
         "    zi = tl.zeros([BLOCK], tl.int64)",
-    ]
-    stride = total
-    for fl, n in zip(band, extents):
-        stride //= n
-        name = f"v_{fl.var}"
-        r.names[fl.var] = name
-        r.lane_vars.add(fl.var)
-        lines.append(f"    {name} = {fl.lo.value} + (f // {stride}) % {n}")
-    r.lines = lines
+    ])
     r.stmts(inner, "m0", "    ")
-    local = r.local
-    block = plan.block
-    grid = max(1, -(-total // block))
-    scratch = {a: (grid * block * local[a].size, local[a].dtype) for a in local}
-    return finish(prog, k, r, plan, grid, scratch, ["BLOCK: tl.constexpr"], {"BLOCK": block})
+    grid = max(1, -(-n // plan.block))
+    scratch = {a: (grid * plan.block * r.local[a].size, r.local[a].dtype) for a in r.local}
+    return finish(prog, k, r, plan, grid, scratch, ["BLOCK: tl.constexpr"], {"BLOCK": plan.block})
 
 
 def render_rows(prog: Program, k: Kernel, plan: KernelPlan) -> RenderedKernel:
     band, inner = outer_band(k.body)
-    extents = [f.hi.value - f.lo.value for f in band]
-    total = math.prod(extents)
+    n = total(band)
     r = Renderer(prog, k, "[ROWS, 1]", "zi", "f")
     r.cols = plan.cols
     r.regs = register_arrays(inner, r.local, plan.cols)
-    lines = [
+    _band_lanes(r, band, [
         "    f = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS).to(tl.int64)[:, None]",
-        f"    m0 = f < {total}",
+        f"    m0 = f < {n}",
         "    zi = tl.zeros([ROWS, 1], tl.int64)",
         "    z2 = tl.zeros([ROWS, COLS], tl.int64)",
         "    cols = tl.arange(0, COLS).to(tl.int64)[None, :]",
-    ]
-    stride = total
-    for fl, n in zip(band, extents):
-        stride //= n
-        r.names[fl.var] = f"v_{fl.var}"
-        r.lane_vars.add(fl.var)
-        lines.append(f"    v_{fl.var} = {fl.lo.value} + (f // {stride}) % {n}")
-    r.lines = lines
+    ])
     r.stmts(inner, "m0", "    ")
-    grid = max(1, -(-total // plan.block))
+    grid = max(1, -(-n // plan.block))
     scratch = {a: (grid * plan.block * r.local[a].size, r.local[a].dtype) for a in r.local if a not in r.regs}
     return finish(prog, k, r, plan, grid, scratch, ["ROWS: tl.constexpr", "COLS: tl.constexpr"],
-                   {"ROWS": plan.block, "COLS": plan.cols})
+                  {"ROWS": plan.block, "COLS": plan.cols})
+
+
+RENDER = {"lanes": render_lanes, "rows": render_rows, "dot": render_dot, "flash": render_flash}
 
 
 def render_module(prog: Program, plans: dict[str, KernelPlan]) -> tuple[str, list[RenderedKernel]]:
@@ -92,10 +83,6 @@ def render_module(prog: Program, plans: dict[str, KernelPlan]) -> tuple[str, lis
     kernels = []
     for k in prog.kernels:
         plan = plans[k.name]
-        from .triton_dot import render_dot
-        from .triton_flash import render_flash
-
-        render = {"dot": render_dot, "rows": render_rows, "lanes": render_lanes, "flash": render_flash}[plan.kind]
-        kernels.append(render(prog, k, plan))
+        kernels.append(RENDER[plan.kind](prog, k, plan))
     src = HEADER + PRELUDE + "\n\n" + "\n\n".join(rk.source for rk in kernels)
     return src, kernels

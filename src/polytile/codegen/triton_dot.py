@@ -10,12 +10,11 @@ epilogue (bias, activation, residual) runs on the ``bm x bn`` accumulator before
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from ..affine.ir import Assign, Const, Expr, For, If, Kernel, Let, Load, Op, Program, Var, is_affine, local_arrays, walk_exprs
 from ..dtypes import Unsupported
-from .triton_kernel import KernelPlan, Renderer, RenderedKernel, finish, outer_band
+from .triton_kernel import KernelPlan, Renderer, RenderedKernel, decompose, finish, outer_band, total
 
 
 @dataclass(frozen=True)
@@ -29,9 +28,6 @@ class DotShape:
     a: Load
     b: Load
     rest: tuple                # the epilogue statements
-
-    def extents(self, loops) -> list[int]:
-        return [f.hi.value - f.lo.value for f in loops]
 
 
 def _const_loop(f) -> bool:
@@ -87,24 +83,6 @@ def dot_shape(k: Kernel) -> DotShape | None:
     return DotShape(rows, cols, batch, let, tuple(reds), cond, a, b, tuple(inner[2:]))
 
 
-def _decompose(lines: list[str], pad: str, flat: str, loops, prefix: str) -> dict[str, str]:
-    """Lines binding each loop's variable to its coordinate in the flattened index ``flat``."""
-    names = {}
-    stride = math.prod(f.hi.value - f.lo.value for f in loops)
-    for f in loops:
-        n = f.hi.value - f.lo.value
-        stride //= n
-        name = f"{prefix}{f.var}"
-        q = flat if stride == 1 else f"({flat} // {stride})"
-        lines.append(f"{pad}{name} = {f.lo.value} + {q}" + (f" % {n}" if stride * n < _total(loops) else ""))
-        names[f.var] = name
-    return names
-
-
-def _total(loops) -> int:
-    return math.prod(f.hi.value - f.lo.value for f in loops)
-
-
 def _dot_line(precision: str) -> str:
     """The tile product: fp32 operands in IEEE fp32 or TF32 (``input_precision``), or rounded to
     fp16 / bf16 first (the mixed-precision mode), always accumulated in fp32."""
@@ -118,9 +96,9 @@ def render_dot(prog: Program, k: Kernel, plan: KernelPlan) -> RenderedKernel:
     d = dot_shape(k)
     if d is None:
         raise Unsupported(f"{k.name} is not a dot contraction")
-    M, N, KT = _total(d.rows), _total(d.cols), _total(d.reduce)
+    M, N, KT = total(d.rows), total(d.cols), total(d.reduce)
     tm, tn = -(-M // plan.bm), -(-N // plan.bn)
-    nb = _total(d.batch)
+    nb = total(d.batch)
     r = Renderer(prog, k, "[BM, BN]", "z2", "0")
     lines = [
         "    pid = tl.program_id(0).to(tl.int64)",
@@ -139,8 +117,8 @@ def render_dot(prog: Program, k: Kernel, plan: KernelPlan) -> RenderedKernel:
         "    z2 = tl.zeros([BM, BN], tl.int64)",
     ]
     r.lines = lines
-    for names in (_decompose(lines, "    ", "pb", d.batch, "v_"), _decompose(lines, "    ", "om", d.rows, "v_"),
-                  _decompose(lines, "    ", "on", d.cols, "v_")):
+    for names in (decompose(lines, "    ", "pb", d.batch, "v_"), decompose(lines, "    ", "om", d.rows, "v_"),
+                  decompose(lines, "    ", "on", d.cols, "v_")):
         r.names.update(names)
     r.lane_vars |= {f.var for f in d.rows + d.cols}
     lines += ["    acc = tl.zeros([BM, BN], tl.float32)",
@@ -149,12 +127,12 @@ def render_dot(prog: Program, k: Kernel, plan: KernelPlan) -> RenderedKernel:
               "        kb = k0 + tl.arange(0, BK).to(tl.int64)[:, None]"]
     r.pad = "        "
     # a's tile [BM, BK] (masked by the update's condition), b's tile [BK, BN]
-    r.names.update(_decompose(lines, "        ", "ka", d.reduce, "ra_"))
+    r.names.update(decompose(lines, "        ", "ka", d.reduce, "ra_"))
     ia = r.ex(d.a.index, "mm")
     mask_a = f"mm & (ka < {KT})"
     if d.cond is not None:
         mask_a = f"{mask_a} & ({r.ex(d.cond, 'mm')} != 0)"
-    r.names.update(_decompose(lines, "        ", "kb", d.reduce, "rb_"))
+    r.names.update(decompose(lines, "        ", "kb", d.reduce, "rb_"))
     ib = r.ex(d.b.index, "mn")
     lines += [
         f"        ta = tl.load(b_{d.a.buf} + ({ia}), mask={mask_a}, other=0.0)",

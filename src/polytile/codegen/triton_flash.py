@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass
 
 from ..affine.ir import Alloc, Assign, Const, Expr, For, Kernel, Let, Op, Program, Store, Var, walk_exprs
-from .triton_kernel import KernelPlan, Renderer, RenderedKernel, finish, outer_band
+from .triton_kernel import KernelPlan, Renderer, RenderedKernel, decompose, finish, outer_band, total
 
 
 @dataclass(frozen=True)
@@ -106,7 +106,7 @@ def render_flash(prog: Program, k: Kernel, plan: KernelPlan) -> RenderedKernel:
     ext = lambda x: x.hi.value - x.lo.value  # noqa: E731
     L, S, D, Dv = ext(f.row), ext(f.keys), ext(f.depth), ext(f.out)
     tiles = -(-L // plan.bm)
-    nb = math.prod(ext(x) for x in f.batch)
+    nb = total(f.batch)
     r = Renderer(prog, k, "[BM, 1]", "zq", "0")
     r.regs = {f.acc: "cols"}
     lines = [
@@ -114,11 +114,7 @@ def render_flash(prog: Program, k: Kernel, plan: KernelPlan) -> RenderedKernel:
         f"    pb = pid // {tiles}",
         f"    pt = pid % {tiles}",
     ]
-    stride = nb
-    for x in f.batch:
-        stride //= ext(x)
-        r.names[x.var] = f"v_{x.var}"
-        lines.append(f"    v_{x.var} = {x.lo.value} + (pb // {stride}) % {ext(x)}")
+    r.names.update(decompose(lines, "    ", "pb", f.batch, "v_"))
     l, j, d, e = f.row.var, f.keys.var, f.depth.var, f.out.var
     lines += [
         f"    v_{l} = {f.row.lo.value} + pt * BM + tl.arange(0, BM).to(tl.int64)[:, None]",

@@ -55,6 +55,25 @@ def outer_band(body: tuple) -> tuple[list[For], tuple]:
     return band, body
 
 
+def decompose(lines: list[str], pad: str, flat: str, loops, prefix: str) -> dict[str, str]:
+    """Lines binding each loop's variable (named ``prefix`` + var) to its coordinate in the
+    flattened index ``flat`` of ``loops`` (outermost first); returns var -> name."""
+    names = {}
+    stride = math.prod(f.hi.value - f.lo.value for f in loops)
+    for f in loops:
+        n = f.hi.value - f.lo.value
+        stride //= n
+        name = f"{prefix}{f.var}"
+        q = flat if stride == 1 else f"({flat} // {stride})"
+        lines.append(f"{pad}{name} = {f.lo.value} + {q}" + (f" % {n}" if stride * n < total(loops) else ""))
+        names[f.var] = name
+    return names
+
+
+def total(loops) -> int:
+    return math.prod(f.hi.value - f.lo.value for f in loops)
+
+
 class Renderer:
     """Statements and expressions of one kernel as Triton source lines. ``names`` maps loop
     variables to the Triton expressions that hold them; ``lane_vars`` are those that differ

@@ -73,6 +73,34 @@ def _copyable(spec: TensorSpec) -> bool:
     return True
 
 
+def check_inputs(args, specs: list[TensorSpec], dtypes: list, labels: list[str], name: str,
+                 device: str) -> tuple[list, int]:
+    """(``args`` as compiled code of ``device`` reads them, how many were copied into the
+    compiled layout): see ``NativeGraph.check``; shared by every backend's runtime."""
+    if len(args) != len(specs):
+        raise InputMismatchError(f"polytile {name}: expected {len(specs)} inputs, got {len(args)}")
+    out = list(args)
+    copied = 0
+    for k, (label, t, spec, dt) in enumerate(zip(labels, args, specs, dtypes)):
+        if not isinstance(t, torch.Tensor):
+            raise InputMismatchError(f"polytile {name}: {label} is {type(t).__name__}, not a tensor")
+        if t.device.type != device:
+            raise InputMismatchError(f"polytile {name}: {label} is on {t.device}; compiled for {device}")
+        if t.dtype != dt or tuple(t.shape) != spec.shape:
+            raise InputMismatchError(
+                f"polytile {name}: {label} is {str(t.dtype).replace('torch.', '')}{list(t.shape)}; "
+                f"compiled for {spec.describe()}")
+        if not _same_strides(t, spec):
+            if not _copyable(spec):
+                raise LayoutMismatchError(
+                    f"polytile {name}: {label} has strides {list(t.stride())}; compiled for "
+                    f"{spec.describe()}, a layout it cannot be copied into")
+            out[k] = torch.empty_strided(spec.shape, spec.strides, dtype=dt, device=t.device).copy_(t)
+            copied += 1
+            stats.bump("input_relayouts")
+    return out, copied
+
+
 class NativeGraph:
     """A compiled graph: ``graph(*tensors) -> list of output tensors``."""
 
@@ -124,26 +152,8 @@ class NativeGraph:
         valid (count, type, dtype, shape, device) and for a layout that cannot be copied into
         (a compiled layout whose elements overlap, as an expanded input: the compiled code
         relies on the repeated values)."""
-        if len(args) != len(self.inputs):
-            raise InputMismatchError(f"polytile {self.name}: expected {len(self.inputs)} inputs, got {len(args)}")
-        out = list(args)
-        for k, (label, t, spec, dt) in enumerate(zip(self.input_labels, args, self.inputs, self._in_dtypes)):
-            if not isinstance(t, torch.Tensor):
-                raise InputMismatchError(f"polytile {self.name}: {label} is {type(t).__name__}, not a tensor")
-            if t.device.type != "cpu":
-                raise InputMismatchError(f"polytile {self.name}: {label} is on {t.device}; compiled for cpu")
-            if t.dtype != dt or tuple(t.shape) != spec.shape:
-                raise InputMismatchError(
-                    f"polytile {self.name}: {label} is {str(t.dtype).replace('torch.', '')}{list(t.shape)}; "
-                    f"compiled for {spec.describe()}")
-            if not _same_strides(t, spec):
-                if not _copyable(spec):
-                    raise LayoutMismatchError(
-                        f"polytile {self.name}: {label} has strides {list(t.stride())}; compiled for "
-                        f"{spec.describe()}, a layout it cannot be copied into")
-                out[k] = torch.empty_strided(spec.shape, spec.strides, dtype=dt).copy_(t)
-                self.relayouts += 1
-                stats.bump("input_relayouts")
+        out, copied = check_inputs(args, self.inputs, self._in_dtypes, self.input_labels, self.name, "cpu")
+        self.relayouts += copied
         return out
 
     def _fast_ok(self, args) -> bool:

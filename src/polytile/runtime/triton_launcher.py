@@ -17,7 +17,7 @@ import torch
 from .. import counters as stats
 from ..dtypes import ITEMSIZE, to_torch
 from .cache import usable_dir
-from .loader import InputMismatchError, KernelRuntimeError, LayoutMismatchError, TensorSpec, _copyable, _same_strides
+from .loader import KernelRuntimeError, TensorSpec, check_inputs
 
 
 def load_module(source: str, cache_dir: str):
@@ -54,6 +54,7 @@ class TritonGraph:
         self._in_dtypes = [to_torch(s.dtype) for s in inputs]
         self._fns = [getattr(module, k.name) for k in kernels]
         self._arena = None
+        self._temps: dict[str, torch.Tensor] = {}
         self._scratch: dict[tuple[str, str], torch.Tensor] = {}
         self._lock = threading.Lock()
         self.relayouts = 0
@@ -64,25 +65,9 @@ class TritonGraph:
         self._graph = None
 
     def check(self, args) -> list:
-        if len(args) != len(self.inputs):
-            raise InputMismatchError(f"polytile {self.name}: expected {len(self.inputs)} inputs, got {len(args)}")
-        out = list(args)
-        for k, (label, t, spec, dt) in enumerate(zip(self.input_labels, args, self.inputs, self._in_dtypes)):
-            if not isinstance(t, torch.Tensor):
-                raise InputMismatchError(f"polytile {self.name}: {label} is {type(t).__name__}, not a tensor")
-            if t.device.type != self.device:
-                raise InputMismatchError(f"polytile {self.name}: {label} is on {t.device}; compiled for {self.device}")
-            if t.dtype != dt or tuple(t.shape) != spec.shape:
-                raise InputMismatchError(
-                    f"polytile {self.name}: {label} is {str(t.dtype).replace('torch.', '')}{list(t.shape)}; "
-                    f"compiled for {spec.describe()}")
-            if not _same_strides(t, spec):
-                if not _copyable(spec):
-                    raise LayoutMismatchError(f"polytile {self.name}: {label} has strides {list(t.stride())}; "
-                                              f"compiled for {spec.describe()}")
-                out[k] = torch.empty_strided(spec.shape, spec.strides, dtype=dt, device=t.device).copy_(t)
-                self.relayouts += 1
-                stats.bump("input_relayouts")
+        """The arguments checked against the compiled specs, relayouted where needed (as on the CPU)."""
+        out, copied = check_inputs(args, self.inputs, self._in_dtypes, self.input_labels, self.name, self.device)
+        self.relayouts += copied
         return out
 
     def __call__(self, *args: torch.Tensor) -> list[torch.Tensor]:
@@ -91,6 +76,9 @@ class TritonGraph:
         with self._lock:
             if self._arena is None or self._arena.device != dev:
                 self._arena = torch.empty(max(self.arena_bytes, 64), dtype=torch.uint8, device=dev)
+                # the temporaries' typed views of the arena, made once
+                self._temps = {b.name: self._arena[self.offsets[b.name]:self.offsets[b.name] + b.size * ITEMSIZE[b.dtype]]
+                               .view(to_torch(b.dtype)) for b in self.buffers.values() if b.kind not in ("input", "output")}
                 self._scratch.clear()
                 self._graph = None
             if self._graph is not None:
@@ -106,15 +94,12 @@ class TritonGraph:
 
     def _launch(self, args, outs, err, dev) -> None:
         """Every kernel once, in order, on the buffers of this call."""
-        bound = {}
+        bound = dict(self._temps)
         for b in self.buffers.values():
             if b.kind == "input":
                 bound[b.name] = args[b.index]
             elif b.kind == "output":
                 bound[b.name] = outs[b.index]
-            else:
-                off = self.offsets[b.name]
-                bound[b.name] = self._arena[off:off + b.size * ITEMSIZE[b.dtype]].view(to_torch(b.dtype))
         for fn, k in zip(self._fns, self.kernels):
             scratch = [self._scratch_for(k, s, n, dev) for s, n in k.scratch.items()]
             fn[(k.grid,)](*[bound[b] for b in k.buffers], *scratch, *([err] if k.uses_fail else []), **k.constexprs,

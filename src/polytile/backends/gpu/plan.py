@@ -13,14 +13,13 @@ program.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from ...affine.ir import Kernel, Program
 from ...codegen.triton import KernelPlan
 from ...codegen.triton_dot import dot_shape
 from ...codegen.triton_flash import flash_shape
-from ...codegen.triton_kernel import outer_band
+from ...codegen.triton_kernel import outer_band, total
 from ...codegen.triton_rows import vector_extent
 from .machine import GPUMachine
 
@@ -62,14 +61,14 @@ def plan_kernel(k: Kernel, machine: GPUMachine, precision: Precision) -> KernelP
     shape = dot_shape(k) if k.contraction else None
     # a product with fewer than 4 columns (a depthwise convolution: one output channel per
     # group; a matrix-vector product) leaves the tensor cores nearly idle: lanes instead
-    if shape is not None and math.prod(shape.extents(shape.cols)) >= MIN_DOT_COLS:
+    if shape is not None and total(shape.cols) >= MIN_DOT_COLS:
         # warpgroup MMA (sm_90 and newer) takes 64 rows at a time: fewer rows than that still get
         # a 64-row tile (a skinny product is bound by reading the other operand anyway)
         least_rows = min(machine.mma[0], 64)
-        M, N = math.prod(shape.extents(shape.rows)), math.prod(shape.extents(shape.cols))
+        M, N = total(shape.rows), total(shape.cols)
         bm, bn = _pow2_tile(M, least_rows), _pow2_tile(N)
         # fewer tiles than SMs leaves SMs idle: halve the larger tile side while that adds tiles
-        batch = math.prod(shape.extents(shape.batch))
+        batch = total(shape.batch)
         while batch * -(-M // bm) * -(-N // bn) < machine.sm_count and (bm > least_rows or bn > MIN_COLS_TILE):
             if bn > MIN_COLS_TILE and (bn >= bm or bm <= least_rows):
                 bn //= 2
@@ -93,17 +92,13 @@ def plan_kernel(k: Kernel, machine: GPUMachine, precision: Precision) -> KernelP
             bm, bn = 32, 32
         return KernelPlan("flash", bm=bm, bn=bn, warps=warps, stages=2, precision=precision.matmul)
     band, inner = outer_band(k.body)
-    total = 1
-    for f in band:
-        total *= f.hi.value - f.lo.value
+    iterations = total(band)
     n = vector_extent(inner, MAX_COLS)
     if n > 0:
         cols = _pow2(n)
-        rows = max(1, min(ROW_TILE // cols, _pow2(total)))
+        rows = max(1, min(ROW_TILE // cols, _pow2(iterations)))
         return KernelPlan("rows", block=rows, cols=cols, warps=8 if rows * cols > ROW_TILE else 4)
-    block = 1
-    while block < min(total, LANES):
-        block *= 2
+    block = _pow2(min(iterations, LANES))
     return KernelPlan("lanes", block=block, warps=4 if block >= 128 else 1)
 
 

@@ -11,11 +11,10 @@ would undo the fusion.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 
 from ...affine.ir import For, Kernel, Program
-from ...codegen.triton_kernel import outer_band
+from ...codegen.triton_kernel import outer_band, total
 
 SMALL_BAND = 4096  # band iterations below which the siblings' own loops are needed for parallelism
 
@@ -24,8 +23,7 @@ def split_sibling_nests(p: Program) -> Program:
     out: list[Kernel] = []
     for k in p.kernels:
         band, inner = outer_band(k.body)
-        total = math.prod(f.hi.value - f.lo.value for f in band)
-        if k.contraction or len(inner) < 2 or total >= SMALL_BAND or not all(isinstance(s, For) for s in inner):
+        if k.contraction or len(inner) < 2 or total(band) >= SMALL_BAND or not all(isinstance(s, For) for s in inner):
             out.append(k)
             continue
         for i, s in enumerate(inner):
