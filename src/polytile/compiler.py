@@ -13,17 +13,21 @@ from .dump import Dumper
 from .graph.attention import fuse_attention
 from .graph.builder import contiguous_strides
 from .graph.ir import Graph, format_graph, verify_graph
+from .graph.symbols import is_symbolic
 from .options import Options
 from .runtime.loader import TensorSpec
 from .transform.cache_static import mark_static_inputs
 from .transform.pipeline import Pass, run_pipeline, shared_passes
 
 
-def passes_for(options: Options, backend: Backend | None = None, machine=None) -> list[Pass]:
+def passes_for(options: Options, backend: Backend | None = None, machine=None, symbolic: bool = False) -> list[Pass]:
     """The whole pass list for ``backend`` (default: the one ``options.target`` or the CPU
-    names): the shared prefix, then the backend's scheduling passes."""
+    names): the shared prefix, then the backend's scheduling passes (those for programs with
+    symbolic sizes when ``symbolic``)."""
     backend = backend or select(options.target, "cpu")
     machine = machine if machine is not None else backend.machine(options.machine)
+    if symbolic:
+        return shared_passes(options, symbolic=True) + backend.symbolic_passes(machine, options)
     return shared_passes(options) + backend.passes(machine, options)
 
 
@@ -33,6 +37,9 @@ def compile_graph_ir(graph: Graph, input_specs: list[TensorSpec], options: Optio
     """``graph`` compiled by the backend for ``options.target`` (default: ``device``'s)."""
     backend = select(options.target, device)
     machine = backend.machine(options.machine)
+    symbolic = is_symbolic([n.shape for n in graph.nodes])
+    if symbolic:
+        backend.symbolic_passes(machine, options)  # Unsupported before any work where there are none
     t0 = time.perf_counter()
     if options.verify:
         verify_graph(graph)
@@ -53,12 +60,12 @@ def compile_graph_ir(graph: Graph, input_specs: list[TensorSpec], options: Optio
     t1 = time.perf_counter()
     stats.add_phase("graph passes", t1 - t0)
     prog = build(graph, lowerings)
-    if options.cache_weights:
+    if options.cache_weights and not symbolic:
         prog = mark_static_inputs(prog, {k for k, s in enumerate(input_specs) if s.static})
     stats.add_phase("affine build", time.perf_counter() - t1)
     if dumper:
         dumper.write("affine_build.mlir", format_program(prog))
-    prog = run_pipeline(prog, passes_for(options, backend, machine), options,
+    prog = run_pipeline(prog, passes_for(options, backend, machine, symbolic), options,
                         (lambda p_name, p: dumper.write(f"affine_{p_name}.mlir", format_program(p)))
                         if dumper else None)
     outs = [TensorSpec(n.shape, contiguous_strides(n.shape), n.dtype) for n in graph.outputs]

@@ -16,7 +16,7 @@ def reset_stats() -> None:
                          kernels_generated=0, cache_hits=0, cache_misses=0, graphs_failed=0,
                          compile_seconds=0.0, intermediate_bytes=0, arena_bytes=0, attention_fused=0,
                          cached_kernels=0, cache_bytes=0, cache_refreshes=0,
-                         input_relayouts=0, eager_runs=0, isl_gave_up=0, gpu_dot_kernels=0, gpu_lane_kernels=0,
+                         input_relayouts=0, eager_runs=0, parametric_graphs=0, specialized_versions=0, isl_gave_up=0, gpu_dot_kernels=0, gpu_lane_kernels=0,
                          gpu_row_kernels=0, gpu_flash_kernels=0, gpu_scratch_arrays=0,
                          cuda_graphs=0,
                          compile_phases=collections.Counter())

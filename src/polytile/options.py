@@ -109,6 +109,16 @@ class Options:
     """GPU target: from the second call on, run the graph's kernels as one captured CUDA graph
     (inputs copied into fixed buffers, outputs copied out): one launch instead of one per
     kernel, which dominates at small batch."""
+    dynamic: str = "parametric"
+    """Graphs with symbolic sizes (dynamo's dynamic shapes: a KV cache that grows, prompts of
+    different lengths, ``torch.compile(dynamic=True)``, ``mark_dynamic``). ``"parametric"``: ops
+    on symbolic shapes compile once, with the sizes as parameters of the loop nests, and every
+    size runs that code; graphs whose matmuls or convolutions have a symbolic size (a prefill)
+    get a version specialized per size for the first ``max_specializations`` sizes, then the
+    parametric one. ``"specialize"``: one version per size, without limit."""
+    max_specializations: int = 4
+    """With ``dynamic="parametric"``: how many per-size versions a graph with symbolic
+    contraction sizes gets before its parametric version serves every further size."""
     target: str | None = None
     """The backend that compiles the graph (``"cpu"`` or ``"gpu"``, see ``polytile.backends``);
     None: the one for the device of the graph's inputs (``"gpu"`` for CUDA tensors)."""
@@ -153,6 +163,10 @@ class Options:
         if kw.get("mm_conv_precision") not in (None, "ieee", "tf32", "fp16", "bf16"):
             raise ValueError(f"polytile: option 'mm_conv_precision' is one of None, 'ieee', 'tf32', 'fp16', 'bf16'; "
                              f"got {kw['mm_conv_precision']!r}")
+        if kw.get("dynamic", "parametric") not in ("parametric", "specialize"):
+            raise ValueError(f"polytile: option 'dynamic' is 'parametric' or 'specialize'; got {kw['dynamic']!r}")
+        if int(kw.get("max_specializations", 0)) < 0:
+            raise ValueError("polytile: option 'max_specializations' must be >= 0")
         if "threads" in kw:
             kw["threads"] = int(kw["threads"])
             if kw["threads"] < 1:

@@ -81,8 +81,35 @@ def in_register(e: Expr) -> Op:
     return Op("in_register", (e,), e.dtype)
 
 
-def c(v: int) -> Const:
-    """The index constant v (small ones shared: constants are immutable)."""
+SIZE_PREFIX = "sz_"  # size symbols (``graph.symbols``) are index variables named sz_<symbol>
+
+
+def size_expr(x) -> Expr:
+    """A size (an int, or a ``graph.symbols.Sym``: a polynomial in size symbols) as an index
+    expression over the size parameters ``Var("sz_<symbol>")``."""
+    terms = getattr(x, "terms", None)
+    if terms is None:
+        return c(x)
+    e: Expr = c(0)
+    for mono, k in terms:
+        t: Expr = c(k)
+        for s in mono:
+            t = mul(t, Var(SIZE_PREFIX + s))
+        e = add(e, t)
+    return e
+
+
+def size_params(exprs) -> frozenset[str]:
+    """The size parameters (``Var("sz_...")`` names) that the expressions mention."""
+    return frozenset(x.name for e in exprs for x in walk_exprs(e)
+                     if isinstance(x, Var) and x.name.startswith(SIZE_PREFIX))
+
+
+def c(v: int) -> Expr:
+    """The index constant v (small ones shared: constants are immutable); a symbolic size is
+    its expression (``size_expr``)."""
+    if hasattr(v, "terms"):
+        return size_expr(v)
     v = int(v)
     k = _SMALL.get(v)
     if k is None:
@@ -203,7 +230,7 @@ Stmt = For | Store | Let | Assign | If | Fail | Alloc | Prefetch
 class Buffer:
     name: str
     dtype: str
-    size: int  # elements
+    size: int  # elements (a ``graph.symbols.Sym`` in a program with symbolic sizes)
     kind: str  # input | output | temp | cache (a temp kept between calls, see ``cache_static``)
     index: int = -1  # position among the inputs / outputs
     static: bool = False  # an input that is a parameter or buffer (``TensorSpec.static``)

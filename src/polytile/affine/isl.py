@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import re
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -10,7 +11,7 @@ import islpy as isl
 
 from .. import counters
 
-from .ir import INDEX, lanes, Alloc, Const, Expr, For, If, Load, Op, Stmt, Store, Var, stmt_exprs, walk_exprs
+from .ir import INDEX, SIZE_PREFIX, size_expr, lanes, Alloc, Const, Expr, For, If, Load, Op, Stmt, Store, Var, stmt_exprs, walk_exprs
 
 _CMP = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "="}
 
@@ -72,7 +73,7 @@ def aff(e: Expr) -> str | None:
 def index_aff(e: Expr, ivs: tuple[str, ...]) -> str | None:
     """``aff(e)`` when e is affine in the loop variables ``ivs`` only (a scalar such as a loaded
     index makes the access indirect: None)."""
-    if any(isinstance(x, Var) and x.name not in ivs for x in walk_exprs(e)):
+    if any(isinstance(x, Var) and x.name not in ivs and not x.name.startswith(SIZE_PREFIX) for x in walk_exprs(e)):
         return None
     return aff(e)
 
@@ -148,10 +149,37 @@ def accesses(body: tuple[Stmt, ...], sizes: dict[str, int]) -> list[Access]:
     return out
 
 
+_PARAM = re.compile(r"\b" + SIZE_PREFIX + r"\w+")
+
+
+def with_params(text: str) -> str:
+    """An isl set or map in ``text`` with the size parameters it mentions (``sz_<symbol>``,
+    see ``graph.symbols``) declared: non-negative, otherwise unknown, so that every answer
+    holds for every size."""
+    names = sorted(set(_PARAM.findall(text)))
+    if not names:
+        return text
+    head, _, rest = text.partition("{")
+    inner, _, tail = rest.rpartition("}")
+    body, colon, cons = inner.partition(":")
+    extra = " and ".join(f"{n} >= 0" for n in names)
+    inner = f"{body}: {cons} and {extra}" if colon else f"{body}: {extra}"
+    return f"[{', '.join(names)}] -> {head}{{{inner}}}{tail}"
+
+
+def _size_bound(size) -> str | None:
+    """isl syntax for a buffer's size: an int, or an affine ``Sym`` (None: not affine)."""
+    if isinstance(size, int):
+        return str(max(size, 1))
+    e = aff(size_expr(size))
+    return e
+
+
 def relation(a: Access, keep: int) -> isl.Map:
     """{ [first `keep` ivs] -> [element] } touched by access ``a`` (inner ivs projected out)."""
     outer, inner = a.ivs[:keep], a.ivs[keep:]
-    cons = list(a.constraints) + [f"0 <= o < {max(a.size, 1)}"]
+    bound = _size_bound(a.size)
+    cons = list(a.constraints) + [f"0 <= o < {bound}" if bound is not None else "0 <= o"]
     if a.index is not None and a.lanes > 1:
         cons.append(f"o >= {a.index} and o < {a.index} + {a.lanes}")
     elif a.index is not None:
@@ -159,7 +187,7 @@ def relation(a: Access, keep: int) -> isl.Map:
     body = " and ".join(cons)
     if inner:
         body = f"exists ({', '.join(inner)} : {body})"
-    return isl.Map(f"{{ [{', '.join(outer)}] -> [o] : {body} }}")
+    return isl.Map(with_params(f"{{ [{', '.join(outer)}] -> [o] : {body} }}"))
 
 
 @bounded(True)

@@ -1,7 +1,7 @@
 """Verifier of the affine IR: run after every pass when ``Options.verify`` is set."""
 from __future__ import annotations
 
-from .ir import (INDEX, element_type, Alloc, Assign, Const, Expr, Fail, For, If, Let, Load, Op, Prefetch, Program, Stmt,
+from .ir import (INDEX, SIZE_PREFIX, element_type, Alloc, Assign, Const, Expr, Fail, For, If, Let, Load, Op, Prefetch, Program, Stmt,
                  Store, Var, stmt_exprs, walk_exprs)
 
 
@@ -71,9 +71,9 @@ def _verify_body(body, bufs, scalars: dict[str, str], ivs: set[str], where: str,
 def _check_expr(e: Expr, bufs, scalars, ivs, where) -> None:
     for x in walk_exprs(e):
         if isinstance(x, Var):
-            if x.name in ivs:
+            if x.name in ivs or x.name.startswith(SIZE_PREFIX):  # a loop variable or a size parameter
                 if x.dtype != INDEX:
-                    raise VerifyError(f"{where}: loop variable {x.name} used as {x.dtype}")
+                    raise VerifyError(f"{where}: index variable {x.name} used as {x.dtype}")
             elif x.name not in scalars:
                 raise VerifyError(f"{where}: unbound variable {x.name}")
             elif scalars[x.name] != x.dtype:

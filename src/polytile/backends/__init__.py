@@ -49,6 +49,12 @@ class Backend(ABC):
     def passes(self, machine: Any, options: Any) -> list[Pass]:
         """The scheduling passes after the shared prefix, in order."""
 
+    def symbolic_passes(self, machine: Any, options: Any) -> list[Pass]:
+        """The scheduling passes for a program with symbolic sizes (``graph.symbols``), after
+        the shared prefix for such programs; Unsupported where the backend has none (the
+        frontend then compiles one version per size)."""
+        raise Unsupported(f"the {self.name} backend does not compile symbolic sizes")
+
     @abstractmethod
     def emit(self, prog: Any, request: "EmitRequest") -> Any:
         """Render, build and load ``prog``: the compiled graph the frontends call."""

@@ -5,8 +5,9 @@ import math
 from typing import Callable
 
 from ..affine.transpose import interleave_mask
-from ..affine.ir import (INDEX, Alloc, Assign, Const, Expr, Fail, For, If, Kernel, Let, Load, Op, Prefetch,
-                         Program, Stmt, Store, Var, buffers_used, lanes, rename_buffers, structure_key, walk_exprs)
+from ..affine.ir import (INDEX, SIZE_PREFIX, Alloc, Assign, Const, Expr, Fail, For, If, Kernel, Let, Load, Op, Prefetch,
+                         Program, Stmt, Store, Var, buffers_used, lanes, rename_buffers, size_expr, size_params,
+                         stmt_exprs, structure_key, walk_exprs, walk_stmts)
 
 CTYPE = {"float32": "float", "float64": "double", "int64": "int64_t", "int32": "int32_t",
          "int16": "int16_t", "int8": "int8_t", "uint8": "uint8_t", "bool": "bool",
@@ -402,12 +403,31 @@ def stmts(body: tuple[Stmt, ...], ind: int) -> list[str]:
 UNIT_MARK = "/* ==== translation unit ==== */\n"
 
 
+def kernel_params(k: Kernel) -> list[str]:
+    """The size parameters (``sz_<symbol>``) a kernel's body mentions, in name order."""
+    return sorted(size_params(e for s in walk_stmts(k.body) for e in stmt_exprs(s)))
+
+
+def program_symbols(p: Program) -> list[str]:
+    """The size symbols of a program with symbolic sizes (``graph.symbols``), in the order the
+    entry point reads their values (``args`` after the cache pointer); empty when static."""
+    names = set()
+    for k in p.kernels:
+        names.update(kernel_params(k))
+    for b in p.buffers:
+        if not isinstance(b.size, int):
+            names.update(size_params([size_expr(b.size)]))
+    return sorted(n[len(SIZE_PREFIX):] for n in names)
+
+
 def render(p: Program, offsets: dict[str, int], entry: str = "pt_entry", units: int = 1,
-           profile: bool = False, refresh: str = "pt_refresh") -> list[str]:
+           profile: bool = False, refresh: str = "pt_refresh", dynamic: tuple[str, ...] = ()) -> list[str]:
     """C sources for the program: kernels spread over ``units`` translation units (compiled in
     parallel), the entry points ``int entry(void **args, int nthreads)`` (every kernel but the
     cached ones) and ``refresh`` (the cached ones) in the last one; args are the inputs, the
-    outputs, the arena, then the cache (``MemoryPlan``). Kernels that differ only in the buffers they
+    outputs, the arena, the cache (``MemoryPlan``), then, with symbolic sizes, an array of the
+    sizes' values (``program_symbols``); the temporaries named in ``dynamic`` (sized by them) are
+    allocated per call. Kernels that differ only in the buffers they
     touch share one function. With ``profile``, every call is timed into the exported arrays
     ``pt_prof_ns`` / ``pt_prof_calls`` (one slot per call site, named by ``pt_prof_names``)."""
     bufs = {b.name: b for b in p.buffers}
@@ -424,7 +444,8 @@ def render(p: Program, offsets: dict[str, int], entry: str = "pt_entry", units: 
         if fname is None:
             fname = funcs[key] = k.name
             canon = rename_buffers(k.body, {n: f"b{i}" for i, n in enumerate(order)})
-            params = ", ".join(f"{'' if w else 'const '}{CTYPE[dt]}* restrict b{i}" for i, (dt, w) in enumerate(types))
+            params = ", ".join([f"{'' if w else 'const '}{CTYPE[dt]}* restrict b{i}" for i, (dt, w) in enumerate(types)]
+                               + [f"int64_t {v}" for v in kernel_params(k)])
             # contractions (and attention) multiply-add with one rounding, as eager's GEMM and
             # convolution kernels do; everywhere else a * b + c rounds twice, as eager's
             # separate elementwise kernels do (the C flags turn contraction off)
@@ -432,7 +453,7 @@ def render(p: Program, offsets: dict[str, int], entry: str = "pt_entry", units: 
             proto = (f"__attribute__(({attrs})) void {fname}"
                      f"(int pt_nthreads, int* pt_err{', ' if params else ''}{params})")
             bodies.append((proto, [f"/* {k.origin} */", proto + " {", *stmts(canon, 1), "}\n"]))
-        call = f"{fname}(nthreads, &err{''.join(', ' + n for n in order)});"
+        call = f"{fname}(nthreads, &err{''.join(', ' + n for n in order + kernel_params(k))});"
         if profile:
             slot = len(calls)
             call = (f"{{ double pt_t0 = pt_now(); {call} pt_prof_ns[{slot}] += pt_now() - pt_t0; "
@@ -460,19 +481,33 @@ def render(p: Program, offsets: dict[str, int], entry: str = "pt_entry", units: 
                 f"double pt_prof_ns[{n}];", f"long long pt_prof_calls[{n}];",
                 f"const char* pt_prof_names[{n}] = {{{names}}};", ""]
     head = []
+    if dynamic:
+        ent.append("#include <stdlib.h>")
     for pos, b in enumerate(ins + outs):
         head.append(f"  {CTYPE[b.dtype]}* {b.name} = ({CTYPE[b.dtype]}*)args[{pos}];")
     head.append(f"  char* arena = (char*)args[{len(ins) + len(outs)}];")
     head.append(f"  char* cache = (char*)args[{len(ins) + len(outs) + 1}];")
+    symbols = program_symbols(p)
+    if symbols:
+        head.append(f"  const int64_t* pt_sizes = (const int64_t*)args[{len(ins) + len(outs) + 2}];")
+        head += [f"  int64_t {SIZE_PREFIX}{n} = pt_sizes[{k}];" for k, n in enumerate(symbols)]
+    tail = []
     for b in p.buffers:
-        if b.kind in ("temp", "cache"):
+        if b.name in dynamic:  # sized by the call's sizes: its own allocation
+            nbytes = f"(size_t)({expr(size_expr(b.size))}) * sizeof({CTYPE[b.dtype]})"
+            head.append(f"  {CTYPE[b.dtype]}* {b.name} = ({CTYPE[b.dtype]}*)malloc({nbytes} + 64);")
+            head.append(f"  if (!{b.name}) err = 2;")
+            tail.append(f"  free({b.name});")
+        elif b.kind in ("temp", "cache"):
             base = "arena" if b.kind == "temp" else "cache"
             head.append(f"  {CTYPE[b.dtype]}* {b.name} = ({CTYPE[b.dtype]}*)({base} + {offsets[b.name]});")
     head += ["  (void)arena; (void)cache;"]
+    run, end = (["  if (!err) {"], ["  }"]) if tail else ([], [])
     # the cached kernels (``cache_static``) in a function of their own, which the runtime calls
     # only when the parameters they read have changed
     for fn, cached in ((entry, False), (refresh, True)):
-        ent += [f"int {fn}(void** args, int nthreads) {{", "  int err = 0;", *head,
-                *[call for call, k in zip(calls, p.kernels) if k.cached == cached], "  return err;", "}", ""]
+        ent += [f"int {fn}(void** args, int nthreads) {{", "  int err = 0;", *head, *run,
+                *[call for call, k in zip(calls, p.kernels) if k.cached == cached], *end, *tail, "  return err;",
+                "}", ""]
     srcs = ["\n".join([PRELUDE, *part]) + "\n" for part in parts if part]
     return srcs + ["\n".join(ent) + "\n"]

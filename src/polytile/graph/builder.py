@@ -8,6 +8,7 @@ from .. import dtypes as dt
 from ..dtypes import Unsupported
 from .ir import Graph, Node, topo_nodes
 from .ops import infer
+from .symbols import Sym
 
 _ids = itertools.count()
 
@@ -46,6 +47,11 @@ def reshape_strides(old_shape, old_strides, new_shape):
     if view_d != -1:
         return None
     return tuple(new_strides)
+
+
+def _size(s):
+    """A size or stride as an int (numpy ints, SymInt-free values) or a symbolic ``Sym``."""
+    return s if isinstance(s, Sym) else int(s)
 
 
 class GraphBuilder:
@@ -131,7 +137,7 @@ class GraphBuilder:
     def as_strided(self, x: Node, shape: Sequence[int], strides: Sequence[int], offset: int = 0) -> Node:
         """A view of x's base with absolute strides/offset (aten.as_strided semantics)."""
         base = self.strided(x)[0]
-        return self._make_view(base, shape, strides, int(offset))
+        return self._make_view(base, shape, strides, _size(offset))
 
     def _view(self, x: Node, shape, strides, offset_delta: int = 0) -> Node:
         """A view of x expressed on x's base (x's own offset plus ``offset_delta``)."""
@@ -139,7 +145,7 @@ class GraphBuilder:
         return self._make_view(base, shape, strides, off + offset_delta)
 
     def _make_view(self, base: Node, shape, strides, offset: int) -> Node:
-        shape, strides = tuple(int(s) for s in shape), tuple(int(s) for s in strides)
+        shape, strides = tuple(_size(s) for s in shape), tuple(_size(s) for s in strides)
         if base.op == "full":
             return self.full(base.attr("value"), base.dtype, shape)
         if shape == base.shape and offset == 0 and all(
@@ -204,6 +210,8 @@ class GraphBuilder:
         _, xs, st, _ = self.strided(x)
         dim %= len(xs)
         n = xs[dim]
+        if isinstance(end, int) and end >= 2**62:  # "to the end" (also of a symbolic size)
+            end = n
         start = max(0, min(n, start + n if start < 0 else start))
         end = max(start, min(n, end + n if end < 0 else end))
         length = (end - start + step - 1) // step

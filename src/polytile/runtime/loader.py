@@ -5,11 +5,13 @@ import ctypes
 import math
 import threading
 from dataclasses import dataclass
+from typing import Mapping
 
 import torch
 
 from .. import counters as stats
 from ..dtypes import to_torch
+from ..graph.symbols import evaluate, solve
 from .output_pool import MIN_POOLED_BYTES, OutputPool
 from .weight_cache import CacheSets
 
@@ -27,7 +29,8 @@ class KernelRuntimeError(RuntimeError):
     """A generated kernel reported an error (e.g. an index out of range)."""
 
 
-_ERRORS = {1: "index out of range in an indexing op (index_select / embedding / gather / index_put / scatter)"}
+_ERRORS = {1: "index out of range in an indexing op (index_select / embedding / gather / index_put / scatter)",
+           2: "out of memory for a temporary sized by the call's sizes"}
 
 
 @dataclass(frozen=True)
@@ -190,6 +193,60 @@ class NativeGraph:
                     stats.bump("cache_refreshes")
             if not err:
                 err = self._fn(argv, self.threads)
+        if err:
+            raise KernelRuntimeError(f"polytile {self.name}: {_ERRORS.get(err, f'kernel error {err}')}")
+        return outs
+
+
+class SymbolicGraph(NativeGraph):
+    """A compiled graph whose sizes are symbols (``graph.symbols``): one native library for
+    every size. Each call binds the symbols from its inputs' shapes (or takes them from the
+    caller, ``symbols=``), checks the inputs against the specs evaluated with them, allocates
+    the outputs, and passes the values to the entry point after the cache pointer."""
+
+    def __init__(self, so_path: str, inputs: list[TensorSpec], outputs: list[TensorSpec], arena_bytes: int,
+                 threads: int, symbols: list[str], name: str = "graph", input_labels: list[str] | None = None):
+        self.symbols = list(symbols)
+        self._sizes_type = ctypes.c_int64 * max(1, len(self.symbols))
+        super().__init__(so_path, inputs, outputs, arena_bytes, threads, name=name, input_labels=input_labels,
+                         reuse_outputs=False)
+        self._argv_type = ctypes.c_void_p * (self._nargs + 1)
+        self._argv = self._argv_type()
+
+    def bind(self, args, symbols: Mapping[str, int] | None = None) -> dict[str, int]:
+        """The symbols' values for this call: ``symbols`` and what the inputs' shapes determine."""
+        env = dict(symbols or {})
+        dims, vals = [], []
+        for k, (t, spec) in enumerate(zip(args, self.inputs)):
+            if not isinstance(t, torch.Tensor) or t.dim() != len(spec.shape):
+                raise InputMismatchError(f"polytile {self.name}: {self.input_labels[k]} is not a tensor of "
+                                         f"{len(spec.shape)} dims (compiled for {spec.describe()})")
+            dims += spec.shape
+            vals += t.shape
+        if not solve(dims, vals, env) or set(self.symbols) - env.keys():
+            raise InputMismatchError(
+                f"polytile {self.name}: the inputs' shapes {[list(t.shape) for t in args]} do not fit the compiled "
+                f"sizes {[list(s.shape) for s in self.inputs]}")
+        return env
+
+    def __call__(self, *args: torch.Tensor, symbols: Mapping[str, int] | None = None) -> list[torch.Tensor]:
+        if len(args) != len(self.inputs):
+            raise InputMismatchError(f"polytile {self.name}: expected {len(self.inputs)} inputs, got {len(args)}")
+        env = self.bind(args, symbols)
+        specs = [TensorSpec(evaluate(s.shape, env), evaluate(s.strides, env), s.dtype, s.static) for s in self.inputs]
+        args, copied = check_inputs(args, specs, self._in_dtypes, self.input_labels, self.name, "cpu")
+        self.relayouts += copied
+        if self.arena is None:
+            self.arena = torch.empty(max(self.arena_bytes, 64), dtype=torch.uint8)
+            self._no_cache = torch.empty(64, dtype=torch.uint8)
+        outs = [_empty(evaluate(s.shape, env), evaluate(s.strides, env), dt)
+                for s, dt in zip(self.outputs, self._out_dtypes)]
+        sizes = self._sizes_type(*[env[s] for s in self.symbols])
+        with self._lock:
+            argv = self._argv
+            argv[:] = [*[t.data_ptr() for t in args], *[t.data_ptr() for t in outs], self.arena.data_ptr(),
+                       self._no_cache.data_ptr(), ctypes.addressof(sizes)]
+            err = self._fn(argv, self.threads)
         if err:
             raise KernelRuntimeError(f"polytile {self.name}: {_ERRORS.get(err, f'kernel error {err}')}")
         return outs

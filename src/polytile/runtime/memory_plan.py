@@ -15,6 +15,7 @@ class MemoryPlan:
     arena_bytes: int
     temp_bytes: int  # sum of temp sizes without reuse (for reporting)
     cache_bytes: int = 0  # the cache buffers (``cache_static``), kept between calls, one after another
+    dynamic: tuple[str, ...] = ()  # temps sized by symbolic sizes: allocated per call, not in the arena
 
 
 def plan_memory(p: Program) -> MemoryPlan:
@@ -25,7 +26,8 @@ def plan_memory(p: Program) -> MemoryPlan:
         for name in r | w:
             first.setdefault(name, k)
             last[name] = k
-    temps = [b for b in p.buffers if b.kind == "temp"]
+    dynamic = tuple(b.name for b in p.buffers if b.kind == "temp" and not isinstance(b.size, int))
+    temps = [b for b in p.buffers if b.kind == "temp" and b.name not in dynamic]
     size = {b.name: -(-b.size * ITEMSIZE[b.dtype] // ALIGN) * ALIGN for b in temps}
     placed: list[tuple[int, int, int, int]] = []  # (offset, end, first, last)
     offsets: dict[str, int] = {}
@@ -45,4 +47,4 @@ def plan_memory(p: Program) -> MemoryPlan:
         if b.kind == "cache":
             offsets[b.name] = cache
             cache += -(-b.size * ITEMSIZE[b.dtype] // ALIGN) * ALIGN
-    return MemoryPlan(offsets, arena, sum(size.values()), cache)
+    return MemoryPlan(offsets, arena, sum(size.values()), cache, dynamic)

@@ -19,8 +19,12 @@ from . import dead, fuse_epilogues, fuse_loops, fuse_producers, parallelize
 Pass = tuple[str, Callable[[Program], Program]]
 
 
-def shared_passes(o: Options) -> list[Pass]:
-    """The passes every backend starts from, with ``o``'s fusion switches applied."""
+def shared_passes(o: Options, symbolic: bool = False) -> list[Pass]:
+    """The passes every backend starts from, with ``o``'s fusion switches applied. A program
+    with symbolic sizes (``graph.symbols``) gets dead code removal and the parallelism check
+    only: the fusion passes are not yet written for parametric domains."""
+    if symbolic:
+        return [("drop_dead_kernels", dead.drop_dead_kernels), ("check_parallel", parallelize.check_parallel)]
     fuse = o.fusion
     return [
         ("drop_dead_kernels", dead.drop_dead_kernels),

@@ -15,10 +15,12 @@ from typing import Any, Mapping
 
 from ... import counters as stats
 from ...affine.ir import buffers_used
-from ...codegen.c import UNIT_MARK, render
+from ...affine.attention import online_softmax_nest
+from ...codegen.c import UNIT_MARK, program_symbols, render
+from ...graph.symbols import is_symbolic
 from ...runtime.cache import discard
 from ...runtime.cc import build_shared_object
-from ...runtime.loader import NativeGraph
+from ...runtime.loader import NativeGraph, SymbolicGraph
 from ...runtime.memory_plan import plan_memory
 from ...transform import (bounds, cache_static, coalesce, hoist, interchange, parallelize, tile_contractions,
                           tile_transposes)
@@ -39,6 +41,9 @@ class CPUBackend(Backend):
 
     def op_lowerings(self, machine: CPUMachine, options) -> dict:
         def attention(b, n):
+            if is_symbolic(n.shape, *(i.shape for i in n.inputs)):  # tiles need sizes: the plain nest
+                b.emit(n, online_softmax_nest(b, n))
+                return
             pack, main = lower_attention(b, n, machine, options.threads)
             if pack:  # the key-major form reads K and V in place when it can
                 b.emit(n, pack, f"pack K, V for {n.op}{list(n.shape)}")
@@ -61,11 +66,19 @@ class CPUBackend(Backend):
             ("cache_static_kernels", cache_static.cache_static_kernels),  # (no static buffers: no-op)
         ]
 
+    def symbolic_passes(self, machine: CPUMachine, options) -> list[Pass]:
+        """Programs with symbolic sizes: the loops stay as built (tiling needs sizes), checked
+        parallel loops run on the OpenMP threads."""
+        o = options
+        return [("assign_omp", lambda p: parallelize.assign_omp(p, threads=o.threads, min_work=o.parallel_min_work))]
+
     def emit(self, prog, request: EmitRequest) -> NativeGraph:
         o = request.options
         t0 = time.perf_counter()
         plan = plan_memory(prog)
-        srcs = render(prog, plan.offsets, units=max(1, min(o.threads, os.cpu_count() or 1)), profile=o.profile)
+        symbols = program_symbols(prog)
+        srcs = render(prog, plan.offsets, units=max(1, min(o.threads, os.cpu_count() or 1)), profile=o.profile,
+                      dynamic=plan.dynamic)
         t1 = time.perf_counter()
         stats.add_phase("memory plan and C rendering", t1 - t0)
         if request.dumper:
@@ -80,6 +93,9 @@ class CPUBackend(Backend):
         cached_inputs = tuple(sorted(b.index for b in prog.buffers if b.kind == "input" and b.name in cached_reads))
 
         def load(path):
+            if symbols:
+                return SymbolicGraph(path, request.input_specs, request.output_specs, plan.arena_bytes, o.threads,
+                                     symbols=symbols, name=request.name, input_labels=request.input_labels)
             return NativeGraph(path, request.input_specs, request.output_specs, plan.arena_bytes, o.threads,
                                name=request.name, input_labels=request.input_labels, reuse_outputs=o.reuse_outputs,
                                cache_bytes=plan.cache_bytes, cached_inputs=cached_inputs)

@@ -68,7 +68,7 @@ def _fw_compiler(options: Options, forward: bool = True):
     def compiler(gm: torch.fx.GraphModule, example_inputs):
         params = _parameter_inputs() if forward else frozenset()
         if not _static(example_inputs):
-            return make_boxed_func(_specializing(gm, options, params))
+            return make_boxed_func(_dynamic(gm, example_inputs, options, params))
         fn = compile_aten_graph(gm, example_inputs, options, params)
         return getattr(fn, "boxed", None) or make_boxed_func(fn)
 
@@ -81,9 +81,47 @@ def _signature(a):
     return (type(a).__name__, a)
 
 
-def _specializing(gm: torch.fx.GraphModule, options: Options, params: frozenset[int] = frozenset()):
-    """A graph with symbolic shapes (dynamo's automatic dynamic shapes): compile one static
-    version per distinct input signature, on first use, with shapes made concrete."""
+# ops whose symbolic sizes make the parametric code slow (its loops are not tiled yet): a graph
+# with one of them on symbolic shapes gets per-size versions first (``Options.max_specializations``)
+_CONTRACTIONS = ("mm", "addmm", "bmm", "baddbmm", "convolution", "_convolution")
+
+
+def _symbolic_contractions(gm: torch.fx.GraphModule) -> bool:
+    from .symbolic import is_sym_value
+
+    return any(n.op == "call_function" and getattr(getattr(n.target, "_overloadpacket", None), "__name__", "")
+               in _CONTRACTIONS and is_sym_value(n.meta.get("val")) for n in gm.graph.nodes)
+
+
+def _dynamic(gm: torch.fx.GraphModule, example_inputs, options: Options, params: frozenset[int]):
+    """A graph with symbolic sizes (see ``Options.dynamic``): compiled once with the sizes as
+    parameters, or per size (for the first ``max_specializations`` sizes, when its contractions
+    have symbolic sizes) and then once with parameters."""
+    from ...dtypes import Unsupported
+    from .compile import compile_aten_graph
+
+    def parametric():
+        try:
+            fn = compile_aten_graph(gm, list(example_inputs), options, params)
+            stats.bump("parametric_graphs")
+            return fn
+        except Unsupported as e:  # e.g. a size that is not a polynomial of the symbols
+            log.info("polytile: graph compiled per size (%s)", e)
+            return None
+
+    if options.dynamic == "specialize":
+        return _specializing(gm, options, params)
+    if not _symbolic_contractions(gm):
+        fn = parametric()
+        return fn if fn is not None else _specializing(gm, options, params)
+    return _specializing(gm, options, params, limit=options.max_specializations, generic=parametric)
+
+
+def _specializing(gm: torch.fx.GraphModule, options: Options, params: frozenset[int] = frozenset(),
+                  limit: int | None = None, generic=None):
+    """A graph with symbolic shapes: compile one static version per distinct input signature,
+    on first use, with shapes made concrete; past ``limit`` versions, ``generic()`` (compiled
+    once: the parametric version) serves every further signature."""
     import copy
 
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -92,14 +130,20 @@ def _specializing(gm: torch.fx.GraphModule, options: Options, params: frozenset[
     from .compile import compile_aten_graph
 
     versions: dict = {}
+    fallback: list = []  # [the generic version] once made (None inside when it could not be)
 
     def run(*args):
         key = tuple(_signature(a) for a in args)
         fn = versions.get(key)
+        if fn is None and limit is not None and len(versions) >= limit:
+            if not fallback:
+                fallback.append(generic())
+            fn = fallback[0]
         if fn is None:
             g = copy.deepcopy(gm)
             FakeTensorProp(g, mode=FakeTensorMode(allow_non_fake_inputs=True)).propagate(*args)
             fn = versions[key] = compile_aten_graph(g, list(args), options, params)
+            stats.bump("specialized_versions")
         return fn(*args)
 
     return run

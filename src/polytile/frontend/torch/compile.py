@@ -22,14 +22,17 @@ from ...dump import dumper_for, next_graph_name
 from ...graph.builder import GraphBuilder, contiguous_strides
 from ...graph.ir import Node
 from ...options import Options
-from ...runtime.loader import LayoutMismatchError, TensorSpec, _same_strides
+from ...graph.symbols import evaluate
+from ...runtime.loader import InputMismatchError, LayoutMismatchError, TensorSpec
+from .symbolic import assumed_equal, bind_placeholders, is_sym_value, shape_of, strides_of, to_size
 from .registry import LOWERINGS, Ctx, ensure_loaded
 
 log = logging.getLogger("polytile")
 
 
 def _spec_of(t: torch.Tensor) -> TensorSpec:
-    return TensorSpec(tuple(int(s) for s in t.shape), tuple(int(s) for s in t.stride()), from_torch(t.dtype))
+    """Sizes and strides as ints, or ``Sym``s where they are symbolic (dynamic shapes)."""
+    return TensorSpec(shape_of(t), strides_of(t), from_torch(t.dtype))
 
 
 def _is_contiguous(spec: TensorSpec) -> bool:
@@ -47,6 +50,7 @@ class Segment:
     out_nodes: list = field(default_factory=list)  # fx nodes whose values leave the segment
     out_map: list = field(default_factory=list)  # per out node: int | tuple of (int | python value)
     device: str | None = None  # torch device type of its inputs: picks the backend
+    parametric: bool = False  # its shapes hold symbolic sizes: compiled once for every size
 
     def external(self, fx_node, value, static: bool = False) -> Node:
         """IR input for a value produced outside this segment (``static``: a parameter or
@@ -111,6 +115,13 @@ def _warn_failed(name: str, n_ops: int, e: Exception) -> None:
 def compile_aten_graph(gm: fx.GraphModule, example_inputs, options: Options, params: frozenset[int] = frozenset()):
     """Compile an ATen FX graph; returns ``f(*args) -> list`` of its outputs. ``params``: the
     positions of the inputs that are parameters or buffers (see ``TensorSpec.static``)."""
+    if any(is_sym_value(x) for x in example_inputs):
+        with assumed_equal(gm):
+            return _compile(gm, example_inputs, options, params)
+    return _compile(gm, example_inputs, options, params)
+
+
+def _compile(gm: fx.GraphModule, example_inputs, options: Options, params: frozenset[int]):
     t_start = time.perf_counter()
     ensure_loaded()
     name = next_graph_name()
@@ -130,6 +141,8 @@ def compile_aten_graph(gm: fx.GraphModule, example_inputs, options: Options, par
             ex = _example(a, gm, example_inputs, placeholders)
             if type(ex) in (int, float, bool):  # a static scalar (shape arithmetic): a constant here
                 return ex
+            if isinstance(ex, torch.SymInt):  # a symbolic size: a parameter of the compiled code
+                return to_size(ex)
             static = a.op == "get_attr" or (a.op == "placeholder" and placeholders.index(a) in params)
             return seg.external(a, ex, static)
         if isinstance(a, (list, tuple)):
@@ -141,6 +154,10 @@ def compile_aten_graph(gm: fx.GraphModule, example_inputs, options: Options, par
         return a
 
     pre: list = []  # static shape arithmetic (python scalars): evaluated first, never a fallback
+    # symbolic sizes: size arithmetic is evaluated per call from the symbols the inputs bind;
+    # ops on symbolic shapes go to parametric segments, the others to static ones as before
+    symbolic = any(is_sym_value(x) for x in example_inputs)
+    sym_nodes: dict = {}  # fx node -> its size (a Sym or int)
     for node in gm.graph.nodes:
         if node.op in ("placeholder", "output"):
             continue
@@ -152,6 +169,17 @@ def compile_aten_graph(gm: fx.GraphModule, example_inputs, options: Options, par
             cur.nodes.append(node)
             owner[node] = cur
             continue
+        if symbolic:
+            val = node.meta.get("val")
+            if node.op == "call_function" and isinstance(val, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+                sym_nodes[node] = to_size(val)  # (Unsupported for a SymFloat: the caller specializes)
+                continue
+            param = is_sym_value(val) or any(
+                is_sym_value(_example(a, gm, example_inputs, placeholders)) for a in node.all_input_nodes)
+            if param != cur.parametric:
+                if cur.nodes:
+                    steps.append(cur)
+                cur = Segment(parametric=param)
         rule = LOWERINGS.get(node.target) if node.op == "call_function" else None
         err = None
         if rule is not None:
@@ -218,13 +246,17 @@ def compile_aten_graph(gm: fx.GraphModule, example_inputs, options: Options, par
                 final.append(n)
     # static scalars are constants of this compiled graph (its shapes are checked at each call)
     consts = {n: n.meta["val"] for n in pre}
-    return _make_runner(gm, final, placeholders, out_node, consts)
+    templates = None
+    if symbolic:  # per placeholder: what binds the symbols at a call
+        templates = [(shape_of(ex) if isinstance(ex, torch.Tensor) else to_size(ex) if isinstance(ex, torch.SymInt)
+                      else None) for ex in example_inputs]
+    return _make_runner(gm, final, placeholders, out_node, consts, templates, sym_nodes)
 
 
 def _layout(val) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
     if not isinstance(val, torch.Tensor):
         return None
-    return tuple(int(n) for n in val.shape), tuple(int(s) for s in val.stride())
+    return shape_of(val), strides_of(val)
 
 
 def dense_order(layout) -> tuple[int, ...] | None:
@@ -314,45 +346,54 @@ def _warn_eager(what: str, err: Exception) -> None:
     _warn_once(f"{what} (this call)", str(err))
 
 
-def _make_runner(gm, steps, placeholders, out_node, consts):
-    """``consts``: the graph's static scalars (sizes of its tensors), known at compile time."""
+def _make_runner(gm, steps, placeholders, out_node, consts, templates=None, sym_nodes=None):
+    """``consts``: the graph's static scalars (sizes of its tensors), known at compile time.
+    With symbolic sizes, ``templates`` (per placeholder: its shape or size in symbols, see
+    ``symbolic.bind_placeholders``) bind the symbols at each call, and ``sym_nodes`` (size
+    arithmetic nodes -> their size) are evaluated with them."""
+    sym_nodes = sym_nodes or {}
+
     def load(env, a):  # an op's arguments as eager gives them: nodes replaced inside any structure
         return fx.node.map_arg(a, env.__getitem__)
 
-    def unpack(outs, m, ins, specs):
+    def unpack(outs, m, ins, specs, syms):
         """A segment's output from its native outputs (``outs``) and inputs (``ins``, compiled
-        for ``specs``) by its out_map entry ``m``."""
+        for ``specs``) by its out_map entry ``m`` (sizes in it bound by ``syms``)."""
         if isinstance(m, int):
             return outs[m]
         kind, *v = m
         if kind == "permute":
             return outs[v[0]].permute(v[1])
         if kind == "expand":
-            return unpack(outs, v[0], ins, specs).expand(v[1])
+            return unpack(outs, v[0], ins, specs, syms).expand(evaluate(v[1], syms))
         if kind == "alias":
-            k, shape, strides, offset = v
+            k, shape, strides, offset = evaluate(v, syms)
             t = ins[k]
-            if not _same_strides(t, specs[k]):  # read in another layout: a view of its values
-                t = torch.empty_strided(t.shape, specs[k].strides, dtype=t.dtype).copy_(t)
+            spec_strides = evaluate(specs[k].strides, syms)
+            if not all(s == e or n <= 1 for s, e, n in zip(t.stride(), spec_strides, t.shape)):
+                t = torch.empty_strided(t.shape, spec_strides, dtype=t.dtype).copy_(t)  # read in another layout
             return t.as_strided(shape, strides, t.storage_offset() + offset)
-        return tuple(unpack(outs, x, ins, specs) for x in v[0]) if kind == "tuple" else v[0]
+        return tuple(unpack(outs, x, ins, specs, syms) for x in v[0]) if kind == "tuple" else v[0]
 
-    def run_segment(seg, env):
+    def run_segment(seg, env, syms):
         ins = [env[i] for i in seg.inputs]
         try:
-            outs = seg.native(*ins)
-        except LayoutMismatchError as e:  # an input laid out as no compiled kernel reads it
+            outs = seg.native(*ins, symbols=syms) if seg.parametric else seg.native(*ins)
+        except (LayoutMismatchError, InputMismatchError) as e:
+            # an input laid out as no compiled kernel reads it, or sizes the symbols cannot take
+            if not (seg.parametric or isinstance(e, LayoutMismatchError)):
+                raise
             _warn_eager(f"segment {seg.native.name}", e)
             for n in seg.nodes:
                 env[n] = n.target(*load(env, n.args), **load(env, n.kwargs))
             return
         for n, m in zip(seg.out_nodes, seg.out_map):
-            env[n] = unpack(outs, m, ins, seg.specs)
+            env[n] = unpack(outs, m, ins, seg.specs, syms)
 
     segs = [s for s in steps if isinstance(s, Segment)]
     nargs = len(placeholders)
     outs_spec = out_node.args[0]
-    if len(steps) == 1 and len(segs) == 1 and all(
+    if templates is None and len(steps) == 1 and len(segs) == 1 and all(
             isinstance(i, fx.Node) and i.op == "placeholder" for i in segs[0].inputs) and all(
             isinstance(o, fx.Node) and o in segs[0].out_nodes for o in outs_spec):
         # the whole graph is one native call: index arithmetic only
@@ -377,7 +418,7 @@ def _make_runner(gm, steps, placeholders, out_node, consts):
             if plain:
                 return [outs[m] for m in out_maps]
             ins = args if direct_in else [args[k] for k in in_pos]
-            return [unpack(outs, m, ins, seg.specs) for m in out_maps]
+            return [unpack(outs, m, ins, seg.specs, None) for m in out_maps]
 
         def run_boxed(args):
             return run_one(*args)
@@ -392,9 +433,18 @@ def _make_runner(gm, steps, placeholders, out_node, consts):
             _arg_count_error(nargs, args)
         env = dict(zip(placeholders, args))
         env.update(consts)
+        syms = None
+        if templates is not None:
+            try:
+                syms = bind_placeholders(templates, args)
+            except InputMismatchError as e:
+                _warn_eager(f"graph {gm.__class__.__name__}", e)
+                return list(gm(*args))
+            for n, size in sym_nodes.items():
+                env[n] = evaluate(size, syms)
         for st in steps:
             if isinstance(st, Segment):
-                run_segment(st, env)
+                run_segment(st, env, syms)
             elif st.op == "get_attr":
                 env[st] = getattr(gm, st.target)
             else:
