@@ -13,8 +13,9 @@ from ..dtypes import Unsupported
 from ..graph.builder import contiguous_strides
 from ..graph.ir import Graph, Node
 from ..graph.ops import conv_padding
+from ..graph.symbols import Sym
 from .ir import (INDEX, Assign, Buffer, Const, Expr, Fail, For, If, Kernel, Let, Load, Op, Program,
-                 Stmt, Store, Var, add, c, linear, mul)
+                 Stmt, Store, Var, add, c, linear, mul, size_expr)
 
 NO_BUFFER = ("full", "iota", "view")
 CONTRACTIONS = ("matmul", "conv2d")  # kernels tagged for the contraction passes (loop fusion skips them)
@@ -81,7 +82,11 @@ class _Builder:
 
     def read(self, n: Node, idx: Sequence[Expr]) -> Expr:
         if n.op == "full":
-            return Const(n.attr("value"), n.dtype)
+            v = n.attr("value")
+            if isinstance(v, Sym):  # a symbolic size: its value at run time
+                e = size_expr(v)
+                return e if n.dtype == INDEX else Op("cast", (e,), n.dtype)
+            return Const(v, n.dtype)
         if n.op == "iota":
             e = add(mul(idx[0], c(n.attr("step"))), c(n.attr("start")))
             return e if n.dtype == INDEX else Op("cast", (e,), n.dtype)

@@ -78,6 +78,10 @@ class GraphBuilder:
 
     # -- constants --------------------------------------------------------------------------
     def full(self, value: Any, dtype: str, shape: Sequence[int] = ()) -> Node:
+        if isinstance(value, Sym):  # a size known at run time (its ``Sym``), as an int or float value
+            if dtype == "bool":
+                raise Unsupported(f"a symbolic size {value} as a bool")
+            return self.node("full", (), value=value, dtype=dtype, shape=tuple(shape))
         if dtype == "bool":
             value = bool(value)
         elif dt.is_int(dtype):

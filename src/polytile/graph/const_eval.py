@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .symbols import is_symbolic
 from .ir import Node
 
 MAX_ELEMENTS = 1 << 24
@@ -38,7 +39,8 @@ def evaluate(n: Node) -> np.ndarray | None:
         if x.id in seen:
             continue
         seen.add(x.id)
-        if x.op == "input" or len(seen) > MAX_NODES or x.numel > MAX_ELEMENTS or x.dtype not in _NP_DTYPE:
+        if x.op == "input" or len(seen) > MAX_NODES or is_symbolic(x.shape) or x.numel > MAX_ELEMENTS \
+                or x.dtype not in _NP_DTYPE:
             return None
         stack.append((x, True))
         stack.extend((i, False) for i in x.inputs)

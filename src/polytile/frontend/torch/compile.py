@@ -75,6 +75,16 @@ class Segment:
         return n
 
 
+# static ops worth a static segment of their own in a graph with symbolic sizes: the static
+# pipeline tiles and packs them (the parametric one does not yet)
+_HEAVY = ("mm", "addmm", "bmm", "baddbmm", "convolution", "_convolution", "_scaled_dot_product_flash_attention_for_cpu",
+          "native_layer_norm", "_softmax")
+
+
+def _heavy(node) -> bool:
+    return getattr(getattr(node.target, "_overloadpacket", None), "__name__", "") in _HEAVY
+
+
 def _example(node, gm, example_inputs, placeholders):
     if node.op == "placeholder":
         return example_inputs[placeholders.index(node)]
@@ -176,6 +186,8 @@ def _compile(gm: fx.GraphModule, example_inputs, options: Options, params: froze
                 continue
             param = is_sym_value(val) or any(
                 is_sym_value(_example(a, gm, example_inputs, placeholders)) for a in node.all_input_nodes)
+            if not param and cur.parametric and not _heavy(node):
+                param = True  # light static ops (views, elementwise) stay with their symbolic neighbours
             if param != cur.parametric:
                 if cur.nodes:
                     steps.append(cur)
@@ -378,7 +390,8 @@ def _make_runner(gm, steps, placeholders, out_node, consts, templates=None, sym_
     def run_segment(seg, env, syms):
         ins = [env[i] for i in seg.inputs]
         try:
-            outs = seg.native(*ins, symbols=syms) if seg.parametric else seg.native(*ins)
+            # (a parametric segment whose ops all came out static compiled to a static graph)
+            outs = seg.native(*ins, symbols=syms) if hasattr(seg.native, "bind") else seg.native(*ins)
         except (LayoutMismatchError, InputMismatchError) as e:
             # an input laid out as no compiled kernel reads it, or sizes the symbols cannot take
             if not (seg.parametric or isinstance(e, LayoutMismatchError)):

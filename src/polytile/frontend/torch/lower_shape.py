@@ -38,7 +38,9 @@ def expand(ctx, x, shape, implicit=False):
 @lowers(aten.slice.Tensor)
 def slice_(ctx, x, dim=0, start=None, end=None, step=1):
     n = x.shape[dim]
-    return ctx.b.slice(x, dim, 0 if start is None else start, n if end is None else min(end, n), step)
+    if end is None or (isinstance(end, int) and end >= 2**62):  # to the end (of a size that may be symbolic)
+        end = n
+    return ctx.b.slice(x, dim, 0 if start is None else start, end if end is n else min(end, n), step)
 
 
 @lowers(aten.narrow.default)

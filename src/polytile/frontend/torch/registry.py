@@ -11,6 +11,7 @@ from typing import Any, Callable
 import torch
 import torch.fx as fx
 
+from .symbolic import shape_of
 from ...dtypes import Unsupported, from_torch
 from ...graph.builder import GraphBuilder
 
@@ -66,7 +67,7 @@ class Ctx:
         v = self.val
         if isinstance(v, (tuple, list)):
             v = v[0]
-        return tuple(int(s) for s in v.shape)
+        return shape_of(v)  # (a symbolic size stays a Sym: int() would make dynamo specialize it)
 
 
 def ensure_loaded() -> None:

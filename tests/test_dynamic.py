@@ -1,0 +1,176 @@
+"""Dynamic shapes: symbolic sizes as parameters of the compiled code (``graph.symbols``).
+
+One compiled graph must serve every size (1 excluded: dynamo specializes it), sizes never seen
+at compile time included, and give eager's results by the accuracy rule; the number of native
+compiles must stay bounded whatever sizes follow."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import polytile
+from polytile.accuracy import assert_accurate
+from polytile.compiler import compile_graph_ir
+from polytile.graph.builder import GraphBuilder, contiguous_strides
+from polytile.graph.symbols import Sym, SymbolicSize, solve
+from polytile.options import Options
+from polytile.runtime.loader import InputMismatchError, TensorSpec
+
+SIZES = (2, 3, 7, 16, 61, 128)
+
+
+def assert_close(res, ref, fp64=None):
+    """The accuracy rule of DESIGN.md (``fp64``: the float64 reference, when one is at hand)."""
+    assert_accurate(res, ref, fp64, 1e-5)
+
+
+# ---------------------------------------------------------------- the size algebra
+def test_sizes_are_polynomials_with_decided_comparisons():
+    s, t = Sym.symbol("s"), Sym.symbol("t")
+    assert (s + 1) - s == 1 and isinstance((s + 1) - s, int)
+    assert 16 * (s + 1) == 16 * s + 16
+    assert s * t == t * s and s * t != s * s
+    assert (64 * s) // 16 == 4 * s and (4 * s + 8) % 4 == 0
+    assert s != 1 and s > 1 and max(s, 1) == s  # dynamo proves every dynamic size >= 2
+    assert s + 1 > s and not (s < 2) and min(s, s + 3) == s
+    for undecided in (lambda: s < t, lambda: s > 3, lambda: range(s), lambda: int(s), lambda: (s + 1) // 2):
+        with pytest.raises(SymbolicSize):
+            undecided()
+    assert (3 * s + t).eval({"s": 5, "t": 2}) == 17
+
+
+def test_solve_binds_symbols_from_sizes_and_rejects_contradictions():
+    s, t = Sym.symbol("s"), Sym.symbol("t")
+    env = {}
+    assert solve([4, s + 1, 16 * t], [4, 10, 48], env) and env == {"s": 9, "t": 3}
+    assert not solve([s, s], [5, 6], {})  # one symbol, two values
+    assert not solve([2 * s], [7], {})  # no integer solution
+    assert not solve([s], [1], {})  # below the symbol's lower bound
+    assert not solve([4], [5], {})
+
+
+# ---------------------------------------------------------------- parametric graph IR
+def _compile(graph, name):
+    specs = [TensorSpec(n.shape, contiguous_strides(n.shape), n.dtype) for n in graph.inputs]
+    return compile_graph_ir(graph, specs, Options(), name)
+
+
+def test_one_parametric_graph_runs_every_size():
+    """concat along a symbolic axis, elementwise maps and a softmax over it, a reduction:
+    compiled once; the C source takes the size as a parameter."""
+    s = Sym.symbol("s")
+    b = GraphBuilder()
+    x = b.input(0, (2, s, 8), "float32")
+    y = b.input(1, (2, 1, 8), "float32")
+    cat = b.concat([x, y], 1)
+    e = b.ew("exp", b.ew("sub", cat, b.reduce("reduce_max", cat, [1], True)))
+    soft = b.ew("div", e, b.reduce("reduce_sum", e, [1], True))
+    total = b.reduce("reduce_sum", b.ew("mul", cat, 3.0), [1, 2])
+    g = b.graph([cat, soft, total])
+    before = polytile.stats()["graphs_compiled"]
+    f = _compile(g, "dyn_ir")
+    assert polytile.stats()["graphs_compiled"] == before + 1
+    for n in SIZES:
+        xs, ys = torch.randn(2, n, 8), torch.randn(2, 1, 8)
+        xs[0, 0, 0], xs[1, n - 1, 3] = float("inf"), float("nan")
+        c, sm, tot = f(xs, ys)
+        ref = torch.cat([xs, ys], 1)
+        torch.testing.assert_close(c, ref, rtol=0, atol=0, equal_nan=True)
+        assert_close(sm, torch.softmax(ref, 1), lambda: torch.softmax(ref.double(), 1))
+        assert_close(tot, (ref * 3.0).sum((1, 2)), lambda: (ref.double() * 3.0).sum((1, 2)))
+    with pytest.raises(InputMismatchError):
+        f(torch.randn(2, 5, 8), torch.randn(2, 2, 8))  # a static size differs
+    with pytest.raises(InputMismatchError):
+        f(torch.randn(3, 5, 8), torch.randn(2, 1, 8))
+
+
+# ---------------------------------------------------------------- through torch.compile
+def _decode_attention(q, k_cache, k, v_cache, v):
+    keys, values = torch.cat([k_cache, k], 2), torch.cat([v_cache, v], 2)
+    return F.scaled_dot_product_attention(q, keys, values), keys, values
+
+
+@pytest.mark.parametrize("machine", [None, {"preset": "zen3"}, {"vector_bytes": 16}])
+def test_decoding_attention_compiles_once_for_every_key_length(machine):
+    """A decoding step: the KV cache grows by one key per call."""
+    torch._dynamo.reset()
+    f = torch.compile(_decode_attention, backend="polytile", options={"fallback": False, "machine": machine})
+    st0 = polytile.stats()
+    for n in SIZES + (1000,):
+        q = torch.randn(1, 4, 1, 16)
+        kc, vc = torch.randn(1, 4, n, 16), torch.randn(1, 4, n, 16)
+        k, v = torch.randn(1, 4, 1, 16), torch.randn(1, 4, 1, 16)
+        if n == SIZES[0]:
+            kc[0, 1, 0, 0] = float("nan")  # one head sees a NaN key
+        torch._dynamo.mark_dynamic(kc, 2)
+        torch._dynamo.mark_dynamic(vc, 2)
+        out = f(q, kc, k, vc, v)
+        ref = _decode_attention(q, kc, k, vc, v)
+        assert_close(out, ref, lambda: _decode_attention(*(a.double() for a in (q, kc, k, vc, v))))
+    st = polytile.stats()
+    assert st["parametric_graphs"] - st0["parametric_graphs"] == 1
+    assert st["graphs_compiled"] - st0["graphs_compiled"] == 1
+    assert st["eager_runs"] == st0["eager_runs"]
+
+
+def test_key_and_value_lengths_that_differ_run_as_in_eager():
+    """The compiled code assumes what SDPA requires (one length for keys and values); a call
+    where they differ does not fit it and runs in ATen: eager's result (or error), not a
+    silent wrong answer."""
+    torch._dynamo.reset()
+    f = torch.compile(_decode_attention, backend="polytile")
+    args = [torch.randn(1, 2, 1, 8), torch.randn(1, 2, 5, 8), torch.randn(1, 2, 1, 8), torch.randn(1, 2, 5, 8),
+            torch.randn(1, 2, 1, 8)]
+    for a in args[1::2]:
+        torch._dynamo.mark_dynamic(a, 2)
+    assert_close(f(*args), _decode_attention(*args))
+    bad = list(args)
+    bad[3] = torch.randn(1, 2, 6, 8)
+    runs = polytile.stats()["eager_runs"]
+    try:
+        ref = _decode_attention(*bad)
+    except RuntimeError:
+        with pytest.raises(RuntimeError):
+            f(*bad)
+    else:
+        torch.testing.assert_close(f(*bad), ref, rtol=0, atol=0)
+    assert polytile.stats()["eager_runs"] == runs + 1
+
+
+def test_symbolic_matmuls_get_few_versions_then_the_parametric_one():
+    """A prefill-like graph (linear layers over a symbolic token count): the first sizes get
+    their own versions, every later size the parametric graph; all give eager's results."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(32, 48), torch.nn.GELU(), torch.nn.LayerNorm(48),
+                            torch.nn.Linear(48, 8)).eval()
+    f = torch.compile(m, backend="polytile", options={"max_specializations": 2, "fallback": False})
+    st0 = polytile.stats()
+    with torch.no_grad():
+        for n in (3, 5, 7, 11, 2, 64, 97, 5):
+            x = torch.randn(2, n, 32)
+            assert_close(f(x), m(x), lambda: m.double()(x.double()))
+            m.float()
+    st = polytile.stats()
+    assert st["specialized_versions"] - st0["specialized_versions"] == 2
+    assert st["parametric_graphs"] - st0["parametric_graphs"] == 1
+
+
+def test_specialize_option_compiles_per_size():
+    torch._dynamo.reset()
+    lin = torch.nn.Linear(8, 8).eval()
+    f = torch.compile(lin, backend="polytile", options={"dynamic": "specialize"})
+    st0 = polytile.stats()
+    with torch.no_grad():
+        for n in (3, 4, 5, 6):
+            x = torch.randn(n, 8)
+            assert_close(f(x), lin(x))
+    st = polytile.stats()
+    assert st["parametric_graphs"] == st0["parametric_graphs"]
+    assert st["specialized_versions"] - st0["specialized_versions"] == 3  # the first size is static
+
+
+def test_dynamic_option_is_checked():
+    with pytest.raises(ValueError, match="dynamic"):
+        Options.from_dict({"dynamic": "always"})
