@@ -174,3 +174,47 @@ def test_specialize_option_compiles_per_size():
 def test_dynamic_option_is_checked():
     with pytest.raises(ValueError, match="dynamic"):
         Options.from_dict({"dynamic": "always"})
+
+
+# ---------------------------------------------------------------- parallel loops with symbolic sizes
+def _nest(outer_hi, inner_hi, index, extra=()):
+    from polytile.affine.ir import Const, For, Load, Store, Var, c
+
+    body = (Store("out", index, Load("inp", Var("j"), "float32")),) + tuple(extra)
+    return For("i", c(0), outer_hi, (For("j", c(0), inner_hi, body),), parallel=True)
+
+
+def test_writes_proved_apart_with_symbolic_strides():
+    """isl cannot state i * s; the index polynomials can: rows of s elements never overlap,
+    rows of s + 1 elements laid s apart do, and an index read back differently is refused."""
+    from polytile.affine.ir import Load, Store, Var, add, c, mul
+    from polytile.transform.parallelize import separated_writes
+
+    s = Var("sz_s")
+    i, j = Var("i"), Var("j")
+    assert separated_writes(_nest(c(4), s, add(mul(i, s), j)))
+    assert separated_writes(_nest(s, c(16), add(mul(i, c(16)), j)))
+    assert not separated_writes(_nest(c(4), add(s, c(1)), add(mul(i, s), j)))
+    assert not separated_writes(_nest(c(4), s, j))  # every i writes the same row
+    reread = Store("out", c(0), Load("out", add(mul(i, s), j), "float32"))
+    assert not separated_writes(_nest(c(4), s, add(mul(i, s), j), [reread]))
+    scalar = add(mul(i, s), Var("ix"))  # an index computed in the loop: not provable
+    assert not separated_writes(_nest(c(4), s, scalar))
+
+
+def test_decoding_attention_runs_its_heads_in_parallel_when_the_cache_is_long(tmp_path):
+    """Structure (2 threads pinned): the attention's head loops are an OpenMP band whose use
+    is decided per call from the key length, and so is the copy of the cache."""
+    torch._dynamo.reset()
+    f = torch.compile(_decode_attention, backend="polytile", options={"threads": 2, "dump_dir": str(tmp_path)})
+    args = [torch.randn(1, 8, 1, 64), torch.randn(1, 8, 40, 64), torch.randn(1, 8, 1, 64),
+            torch.randn(1, 8, 40, 64), torch.randn(1, 8, 1, 64)]
+    for a in args[1::2]:
+        torch._dynamo.mark_dynamic(a, 2)
+    assert_close(f(*args), _decode_attention(*args))
+    (src,) = tmp_path.glob("*/*kernel.c")
+    text = src.read_text()
+    attention = text[text.index("/* attention"):]
+    attention = attention[:attention.index("\n}\n")]
+    assert "#pragma omp parallel for collapse(" in attention and " if(" in attention
+    assert text.count("#pragma omp parallel for") >= 2

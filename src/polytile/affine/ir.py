@@ -164,6 +164,9 @@ class For:
     # >0: this loop and the perfectly nested loops under it, this many in all, are shared among
     # the target's parallel workers (set by a backend's pass: OpenMP threads on the CPU)
     workers: int = 0
+    # with ``workers``: shared only when this holds at run time (a band whose work depends on
+    # symbolic sizes); None: always
+    workers_if: "Expr | None" = None
 
 
 @dataclass(frozen=True)
@@ -271,6 +274,8 @@ def stmt_exprs(s: Stmt) -> Iterator[Expr]:
     if isinstance(s, For):
         yield s.lo
         yield s.hi
+        if s.workers_if is not None:
+            yield s.workers_if
     elif isinstance(s, Store):
         yield s.index
         yield s.value
@@ -399,7 +404,8 @@ def structure_key(body: tuple[Stmt, ...]) -> tuple[tuple, list[str]]:
         out = []
         for x in b:
             if isinstance(x, For):
-                out.append(("F", x.var, ex(x.lo), ex(x.hi), x.parallel, x.workers, st(x.body)))
+                out.append(("F", x.var, ex(x.lo), ex(x.hi), x.parallel, x.workers,
+                            None if x.workers_if is None else ex(x.workers_if), st(x.body)))
             elif isinstance(x, Store):
                 out.append(("S", ex(x.index), ex(x.value), buf(x.buf)))
             elif isinstance(x, Let):

@@ -368,7 +368,8 @@ def stmts(body: tuple[Stmt, ...], ind: int) -> list[str]:
         elif isinstance(s, For):
             if s.workers:
                 coll = f" collapse({s.workers})" if s.workers > 1 else ""
-                out.append(f"{pad}#pragma omp parallel for{coll} num_threads(pt_nthreads) schedule(static)")
+                cond = f" if({expr(s.workers_if)})" if s.workers_if is not None else ""
+                out.append(f"{pad}#pragma omp parallel for{coll}{cond} num_threads(pt_nthreads) schedule(static)")
             elif (fold := _fold_reduction(s)) is not None:
                 out.append(f"{pad}#pragma omp simd {fold}")
             out.append(f"{pad}for (int64_t {s.var} = {expr(s.lo)}; {s.var} < {expr(s.hi)}; ++{s.var}) {{")
