@@ -65,6 +65,17 @@ def main(argv: list[str] | None = None) -> int:
     gp.add_argument("--no-models", action="store_true")
     gp.add_argument("--shapes-dir", default=None, help="default: ../shared/bench")
     gp.add_argument("--out", default="bench-gpu", help="folder for report.md and results.json")
+    gn = b.add_parser("generate", help="generate() of GPT-2, Llama-style and T5 configs: tokens/s, time to first "
+                      "token and compile counts, eager vs Inductor (dynamic=True) vs polytile")
+    gn.add_argument("--size", choices=["small", "tiny"], default="small")
+    gn.add_argument("--batch", type=int, action="append", default=[], help="default: 1 and 4")
+    gn.add_argument("--prompt", type=int, default=32)
+    gn.add_argument("--new-tokens", type=int, default=32)
+    gn.add_argument("--rounds", type=int, default=3)
+    gn.add_argument("--threads", type=int, default=2)
+    gn.add_argument("--only", action="append", choices=["gpt2", "llama", "t5"], default=[])
+    gn.add_argument("--no-inductor", action="store_true")
+    gn.add_argument("--out", default=None, help="also write report.md and results.json here")
     j = b.add_parser("jax", help="MLP, CNN and transformer block in JAX: polytile.jax.jit vs jax.jit (XLA)")
     j.add_argument("--threads", type=int, default=2)
     j.add_argument("--rounds", type=int, default=20)
@@ -77,6 +88,12 @@ def main(argv: list[str] | None = None) -> int:
         return jaxmodels.main(["--threads", str(a.threads), "--rounds", str(a.rounds)]
                               + [f"--only={m}" for m in a.only] + (["--out", a.out] if a.out else []),
                               command="polytile " + " ".join(argv if argv is not None else sys.argv[1:]))
+    if a.cmd == "bench" and a.what == "generate":
+        from .bench import generate
+
+        return generate.main(a.size, tuple(a.batch) or (1, 4), a.prompt, a.new_tokens, a.rounds, not a.no_inductor,
+                             a.only, a.threads, a.out,
+                             command="polytile " + " ".join(argv if argv is not None else sys.argv[1:]))
     if a.cmd == "bench" and a.what == "coverage":
         return _bench_coverage(a, argv)
     if a.cmd == "bench" and a.what == "attention":
