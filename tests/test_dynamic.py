@@ -116,8 +116,8 @@ def test_decoding_attention_compiles_once_for_every_key_length(machine):
 
 def test_key_and_value_lengths_that_differ_run_as_in_eager():
     """The compiled code assumes what SDPA requires (one length for keys and values); a call
-    where they differ does not fit it and runs in ATen: eager's result (or error), not a
-    silent wrong answer."""
+    where they differ does not fit it and runs in ATen, as in eager (its error, or whatever its
+    kernel makes of it), never through code compiled for other sizes."""
     torch._dynamo.reset()
     f = torch.compile(_decode_attention, backend="polytile")
     args = [torch.randn(1, 2, 1, 8), torch.randn(1, 2, 5, 8), torch.randn(1, 2, 1, 8), torch.randn(1, 2, 5, 8),
@@ -133,8 +133,8 @@ def test_key_and_value_lengths_that_differ_run_as_in_eager():
     except RuntimeError:
         with pytest.raises(RuntimeError):
             f(*bad)
-    else:
-        torch.testing.assert_close(f(*bad), ref, rtol=0, atol=0)
+    else:  # (eager's kernel accepts it, reading values with the keys' length: no value to compare)
+        assert [o.shape for o in f(*bad)] == [r.shape for r in ref]
     assert polytile.stats()["eager_runs"] == runs + 1
 
 

@@ -75,9 +75,17 @@ def _subst_stmts(body, arrays, idx) -> tuple[Stmt, ...]:
     return tuple(out)
 
 
-def _sink(f: For, tile: int) -> For:
+def _strip(n: int, tile: int, workers: int, lanes: int) -> int:
+    """The strip length for ``n`` iterations: at most ``tile``, in a number of strips that the
+    ``workers`` share evenly, a multiple of ``lanes`` (the strips run in parallel)."""
+    strips = -(-n // tile)
+    strips = -(-strips // workers) * workers
+    return min(tile, -(-(-(-n // strips)) // lanes) * lanes)
+
+
+def _sink(f: For, tile: int, workers: int = 1, lanes: int = 1) -> For:
     if f.parallel and len(f.body) == 1 and isinstance(f.body[0], For) and f.body[0].parallel:
-        return replace(f, body=(_sink(f.body[0], tile),))
+        return replace(f, body=(_sink(f.body[0], tile, workers, lanes),))
     n = trip_count(f)
     if not f.parallel or n is None or n < 8 or not (isinstance(f.lo, Const) and f.lo.value == 0):
         return f
@@ -95,7 +103,7 @@ def _sink(f: For, tile: int) -> For:
     if _cost(inner.body, f.var) > _cost(inner.body, inner.var) or (
             _cost(inner.body, f.var) == _cost(inner.body, inner.var) and (trip_count(inner) or 0) >= n):
         return f
-    t = min(tile, n)
+    t = min(tile, n) if workers <= 1 else _strip(n, tile, workers, lanes)
     if n > t:
         vo = f.var + "o"
         base: Expr = Op("mul", (Var(vo), c(t)), INDEX)
@@ -125,10 +133,12 @@ def _wrap_none(stmts, f):
     return For(f.var + "o", c(0), c(1), tuple(stmts), parallel=True)
 
 
-def sink_parallel_loops(p: Program, *, tile: int = 512) -> Program:
+def sink_parallel_loops(p: Program, *, tile: int = 512, workers: int = 1, lanes: int = 1) -> Program:
+    """Sink parallel loops below reductions; strips of at most ``tile`` iterations, as many as
+    a multiple of ``workers`` (the threads that share them), each a multiple of ``lanes``."""
     kernels = []
     for k in p.kernels:
-        body = tuple(_sink(s, tile) if isinstance(s, For) else s for s in k.body)
+        body = tuple(_sink(s, tile, workers, lanes) if isinstance(s, For) else s for s in k.body)
         kernels.append(replace(k, body=body))
     return replace(p, kernels=tuple(kernels))
 

@@ -7,6 +7,7 @@ from ..affine import isl as pisl
 from ..affine.ir import (INDEX, SIZE_PREFIX, Const, Expr, For, If, Kernel, Load, Op, Prefetch, Program, Stmt, Store,
                          Var, add, c, local_arrays, mul, stmt_exprs, structure_key, trip_count, walk_exprs,
                          walk_stmts)
+from ..affine.linear import linear_form
 from ..graph.symbols import Sym, SymbolicSize
 
 # structure key of a kernel body + its buffers' sizes -> the parallel flags of its loops after
@@ -176,12 +177,24 @@ def _with_flags(body: tuple[Stmt, ...], flags) -> tuple[Stmt, ...]:
     return tuple(out)
 
 
+def _trips_at_most(f: For) -> int:
+    """A loop's trip count, or for a strip-mined loop (``lo = b``, ``hi = min(b + t, n)``) its
+    strip length ``t``; 1 when neither is known (a lower bound for the work estimate)."""
+    n = trip_count(f)
+    if n is not None:
+        return n
+    lo = linear_form(f.lo)
+    his = f.hi.args if isinstance(f.hi, Op) and f.hi.fn == "minimum" else (f.hi,)
+    spans = [h[1] - lo[1] for h in map(linear_form, his) if lo is not None and h is not None and h[0] == lo[0]]
+    return max(1, min(spans)) if spans else 1
+
+
 def _work(body: tuple[Stmt, ...]) -> int:
-    """Scalar iterations of a body (non-constant trip counts count as 1: a lower bound)."""
+    """Scalar iterations of a body (a loop's trip count as ``_trips_at_most``)."""
     total = 0
     for s in body:
         if isinstance(s, For):
-            total += (trip_count(s) or 1) * max(1, _work(s.body))
+            total += _trips_at_most(s) * max(1, _work(s.body))
         elif isinstance(s, If):
             total += max(_work(s.then), _work(s.orelse), 1)
         else:

@@ -57,7 +57,8 @@ class CPUBackend(Backend):
             ("tile_contractions", lambda p: tile_contractions.tile_contractions(p, machine, prefetch=o.prefetch)
              if o.tile_contractions else p),
             ("tile_transposes", lambda p: tile_transposes.tile_transposes(p, machine.lanes(4))),
-            ("sink_parallel_loops", lambda p: interchange.sink_parallel_loops(p, tile=SINK_TILE)),
+            ("sink_parallel_loops", lambda p: interchange.sink_parallel_loops(p, tile=SINK_TILE, workers=o.threads,
+                                                                              lanes=machine.lanes(4))),
             ("conditions_to_bounds", bounds.conditions_to_bounds),
             ("hoist_divisors", hoist.hoist_divisors),
             ("coalesce_loops", coalesce.coalesce_loops),
