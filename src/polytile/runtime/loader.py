@@ -212,10 +212,13 @@ class SymbolicGraph(NativeGraph):
                          reuse_outputs=False)
         self._argv_type = ctypes.c_void_p * (self._nargs + 1)
         self._argv = self._argv_type()
+        self._made: dict = {}
 
     def bind(self, args, symbols: Mapping[str, int] | None = None) -> dict[str, int]:
         """The symbols' values for this call: ``symbols`` and what the inputs' shapes determine."""
-        env = dict(symbols or {})
+        env = {s: symbols[s] for s in self.symbols if s in symbols} if symbols else {}
+        if len(env) == len(self.symbols):  # given by the caller: the shapes are checked against them
+            return env
         dims, vals = [], []
         for k, (t, spec) in enumerate(zip(args, self.inputs)):
             if not isinstance(t, torch.Tensor) or t.dim() != len(spec.shape):
@@ -233,15 +236,22 @@ class SymbolicGraph(NativeGraph):
         if len(args) != len(self.inputs):
             raise InputMismatchError(f"polytile {self.name}: expected {len(self.inputs)} inputs, got {len(args)}")
         env = self.bind(args, symbols)
-        specs = [TensorSpec(evaluate(s.shape, env), evaluate(s.strides, env), s.dtype, s.static) for s in self.inputs]
+        key = tuple(env[s] for s in self.symbols)
+        made = self._made.get(key)
+        if made is None:  # the specs with these sizes (a decoding loop meets each length once or twice)
+            if len(self._made) > 64:
+                self._made.clear()
+            made = self._made[key] = (
+                [TensorSpec(evaluate(s.shape, env), evaluate(s.strides, env), s.dtype, s.static) for s in self.inputs],
+                [(evaluate(s.shape, env), evaluate(s.strides, env), dt) for s, dt in zip(self.outputs, self._out_dtypes)])
+        specs, out_make = made
         args, copied = check_inputs(args, specs, self._in_dtypes, self.input_labels, self.name, "cpu")
         self.relayouts += copied
         if self.arena is None:
             self.arena = torch.empty(max(self.arena_bytes, 64), dtype=torch.uint8)
             self._no_cache = torch.empty(64, dtype=torch.uint8)
-        outs = [_empty(evaluate(s.shape, env), evaluate(s.strides, env), dt)
-                for s, dt in zip(self.outputs, self._out_dtypes)]
-        sizes = self._sizes_type(*[env[s] for s in self.symbols])
+        outs = [_empty(shape, strides, dt) for shape, strides, dt in out_make]
+        sizes = self._sizes_type(*key)
         with self._lock:
             argv = self._argv
             argv[:] = [*[t.data_ptr() for t in args], *[t.data_ptr() for t in outs], self.arena.data_ptr(),

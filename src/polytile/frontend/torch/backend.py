@@ -81,16 +81,11 @@ def _signature(a):
     return (type(a).__name__, a)
 
 
-# ops whose symbolic sizes make the parametric code slow (its loops are not tiled yet): a graph
-# with one of them on symbolic shapes gets per-size versions first (``Options.max_specializations``)
-_CONTRACTIONS = ("mm", "addmm", "bmm", "baddbmm", "convolution", "_convolution")
-
-
 def _symbolic_contractions(gm: torch.fx.GraphModule) -> bool:
-    from .symbolic import is_sym_value
+    from .symbolic import CONTRACTIONS, is_sym_value, op_name
 
-    return any(n.op == "call_function" and getattr(getattr(n.target, "_overloadpacket", None), "__name__", "")
-               in _CONTRACTIONS and is_sym_value(n.meta.get("val")) for n in gm.graph.nodes)
+    return any(n.op == "call_function" and op_name(n) in CONTRACTIONS and is_sym_value(n.meta.get("val"))
+               for n in gm.graph.nodes)
 
 
 def _dynamic(gm: torch.fx.GraphModule, example_inputs, options: Options, params: frozenset[int]):

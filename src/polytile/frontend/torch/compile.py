@@ -24,7 +24,7 @@ from ...graph.ir import Node
 from ...options import Options
 from ...graph.symbols import evaluate
 from ...runtime.loader import InputMismatchError, LayoutMismatchError, TensorSpec
-from .symbolic import assumed_equal, bind_placeholders, is_sym_value, shape_of, strides_of, to_size
+from .symbolic import HEAVY, assumed_equal, bind_placeholders, is_sym_value, op_name, shape_of, strides_of, to_size
 from .registry import LOWERINGS, Ctx, ensure_loaded
 
 log = logging.getLogger("polytile")
@@ -73,16 +73,6 @@ class Segment:
         self.specs.append(spec)
         self.env[fx_node] = n
         return n
-
-
-# static ops worth a static segment of their own in a graph with symbolic sizes: the static
-# pipeline tiles and packs them (the parametric one does not yet)
-_HEAVY = ("mm", "addmm", "bmm", "baddbmm", "convolution", "_convolution", "_scaled_dot_product_flash_attention_for_cpu",
-          "native_layer_norm", "_softmax")
-
-
-def _heavy(node) -> bool:
-    return getattr(getattr(node.target, "_overloadpacket", None), "__name__", "") in _HEAVY
 
 
 def _example(node, gm, example_inputs, placeholders):
@@ -186,7 +176,7 @@ def _compile(gm: fx.GraphModule, example_inputs, options: Options, params: froze
                 continue
             param = is_sym_value(val) or any(
                 is_sym_value(_example(a, gm, example_inputs, placeholders)) for a in node.all_input_nodes)
-            if not param and cur.parametric and not _heavy(node):
+            if not param and cur.parametric and op_name(node) not in HEAVY:
                 param = True  # light static ops (views, elementwise) stay with their symbolic neighbours
             if param != cur.parametric:
                 if cur.nodes:

@@ -58,6 +58,19 @@ def to_size(v):
     return int(v)
 
 
+def op_name(node) -> str:
+    """The ATen op name of an FX node (``addmm`` for ``aten.addmm.default``), or ''."""
+    return getattr(getattr(node.target, "_overloadpacket", None), "__name__", "")
+
+
+# contractions: with a symbolic size, their parametric code is slow (its loops are not tiled
+# yet), so such graphs get per-size versions first (``Options.max_specializations``)
+CONTRACTIONS = ("mm", "addmm", "bmm", "baddbmm", "convolution", "_convolution")
+# static ops worth a static segment of their own in a graph with symbolic sizes: the static
+# pipeline tiles, packs and fuses them (the parametric one does not yet)
+HEAVY = CONTRACTIONS + ("_scaled_dot_product_flash_attention_for_cpu", "native_layer_norm", "_softmax")
+
+
 # ops whose operands' sizes must agree where dynamo may have given them different symbols
 # (SDPA's meta function does not check that keys and values have one length): (op name,
 # [(arg position, dim), ...] groups that are equal)
@@ -81,8 +94,7 @@ def assumed_equal(gm: torch.fx.GraphModule):
     token = _SUBST.set(subst)
     try:
         for n in gm.graph.nodes:
-            name = getattr(getattr(n.target, "_overloadpacket", None), "__name__", "")
-            for group in _EQUAL_DIMS.get(name, ()):
+            for group in _EQUAL_DIMS.get(op_name(n), ()):
                 vals = [n.args[a].meta.get("val") if a < len(n.args) and isinstance(n.args[a], torch.fx.Node)
                         else None for a, _ in group]
                 if any(not isinstance(v, torch.Tensor) for v in vals):
