@@ -167,6 +167,10 @@ class For:
     # with ``workers``: shared only when this holds at run time (a band whose work depends on
     # symbolic sizes); None: always
     workers_if: "Expr | None" = None
+    # with ``workers`` on a loop that is not parallel: the local arrays (name, size) it only adds
+    # into; each worker adds into its own zeroed copy and the copies are added into the array
+    # at the end (OpenMP's array reduction): the loop's other accesses must not conflict
+    reduce_arrays: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -405,7 +409,7 @@ def structure_key(body: tuple[Stmt, ...]) -> tuple[tuple, list[str]]:
         for x in b:
             if isinstance(x, For):
                 out.append(("F", x.var, ex(x.lo), ex(x.hi), x.parallel, x.workers,
-                            None if x.workers_if is None else ex(x.workers_if), st(x.body)))
+                            None if x.workers_if is None else ex(x.workers_if), x.reduce_arrays, st(x.body)))
             elif isinstance(x, Store):
                 out.append(("S", ex(x.index), ex(x.value), buf(x.buf)))
             elif isinstance(x, Let):

@@ -369,7 +369,8 @@ def stmts(body: tuple[Stmt, ...], ind: int) -> list[str]:
             if s.workers:
                 coll = f" collapse({s.workers})" if s.workers > 1 else ""
                 cond = f" if({expr(s.workers_if)})" if s.workers_if is not None else ""
-                out.append(f"{pad}#pragma omp parallel for{coll}{cond} num_threads(pt_nthreads) schedule(static)")
+                red = "".join(f" reduction(+:{a}[0:{n}])" for a, n in s.reduce_arrays)
+                out.append(f"{pad}#pragma omp parallel for{coll}{cond}{red} num_threads(pt_nthreads) schedule(static)")
             elif (fold := _fold_reduction(s)) is not None:
                 out.append(f"{pad}#pragma omp simd {fold}")
             out.append(f"{pad}for (int64_t {s.var} = {expr(s.lo)}; {s.var} < {expr(s.hi)}; ++{s.var}) {{")

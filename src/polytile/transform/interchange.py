@@ -13,7 +13,7 @@ reductions over outer axes).
 """
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from ..affine.ir import (INDEX, Alloc, Assign, Const, Expr, For, If, Let, Load, Op, Program, Stmt,
                          Store, Var, c, stmt_exprs, trip_count, walk_exprs, walk_stmts)
@@ -83,9 +83,33 @@ def _strip(n: int, tile: int, workers: int, lanes: int) -> int:
     return min(tile, -(-(-(-n // strips)) // lanes) * lanes)
 
 
-def _sink(f: For, tile: int, workers: int = 1, lanes: int = 1) -> For:
+def _sums_only(chain: list[For], lets: list[Let]) -> bool:
+    """Whether the reduction chain only adds into the accumulators: ``acc = acc + e`` with
+    ``acc`` nowhere else (the form an array reduction over the chain's loop keeps)."""
+    names = {s.name for s in lets}
+    for s in walk_stmts(chain[0].body):
+        if isinstance(s, For):
+            if any(uses_var(e, n) for e in (s.lo, s.hi) for n in names):
+                return False
+            continue
+        if not isinstance(s, Assign) or s.name not in names:
+            if isinstance(s, (Assign, Let)) and any(uses_var(s.value, n) for n in names):
+                return False
+            if not isinstance(s, (Assign, Let)):
+                return False
+            continue
+        v = s.value
+        if not (isinstance(v, Op) and v.fn == "add" and isinstance(v.args[0], Var) and v.args[0].name == s.name
+                and not any(uses_var(v.args[1], n) for n in names)):
+            return False
+    return True
+
+
+def _sink(f: For, tile: int, workers: int = 1, lanes: int = 1, split: "SplitRows | None" = None,
+          rows: int = 1) -> For:
     if f.parallel and len(f.body) == 1 and isinstance(f.body[0], For) and f.body[0].parallel:
-        return replace(f, body=(_sink(f.body[0], tile, workers, lanes),))
+        n = trip_count(f)
+        return replace(f, body=(_sink(f.body[0], tile, workers, lanes, split, rows * (n if n is not None else 2)),))
     n = trip_count(f)
     if not f.parallel or n is None or n < 8 or not (isinstance(f.lo, Const) and f.lo.value == 0):
         return f
@@ -104,6 +128,16 @@ def _sink(f: For, tile: int, workers: int = 1, lanes: int = 1) -> For:
             _cost(inner.body, f.var) == _cost(inner.body, inner.var) and (trip_count(inner) or 0) >= n):
         return f
     t = min(tile, n) if workers <= 1 else _strip(n, tile, workers, lanes)
+    # one row (a matrix-vector product, x @ W with a row-major W): the threads would each read
+    # short pieces of W's rows; they share the reduction instead, each over whole rows of W
+    red_total = 1
+    for x in chain:
+        red_total *= trip_count(x) or 0
+    split_k = (split is not None and workers > 1 and rows == 1 and n * 4 * len(lets) <= split.max_bytes
+               and red_total >= split.min_reduction and _sums_only(chain, lets)
+               and all(s.dtype.startswith("float") for s in lets))
+    if split_k:
+        t = n
     if n > t:
         vo = f.var + "o"
         base: Expr = Op("mul", (Var(vo), c(t)), INDEX)
@@ -121,6 +155,8 @@ def _sink(f: For, tile: int, workers: int = 1, lanes: int = 1) -> For:
     new_inner = replace(inner, body=(vloop(_subst_stmts(inner.body, arrays, idx)),))
     for outer in reversed(chain[:-1]):
         new_inner = replace(outer, body=(new_inner,))
+    if split_k:
+        new_inner = replace(new_inner, workers=1, reduce_arrays=tuple((a, t) for a in arrays.values()))
     new_body.append(new_inner)
     new_body.append(vloop(_subst_stmts(tuple(stores), arrays, idx)))
     if n > t:
@@ -133,12 +169,24 @@ def _wrap_none(stmts, f):
     return For(f.var + "o", c(0), c(1), tuple(stmts), parallel=True)
 
 
-def sink_parallel_loops(p: Program, *, tile: int = 512, workers: int = 1, lanes: int = 1) -> Program:
+@dataclass(frozen=True)
+class SplitRows:
+    """When a nest that sinks has a single row, its reduction is shared by the workers instead
+    of its columns (``_sink``): for rows of at most ``max_bytes`` of accumulators and
+    reductions of at least ``min_reduction`` iterations."""
+
+    max_bytes: int
+    min_reduction: int = 256
+
+
+def sink_parallel_loops(p: Program, *, tile: int = 512, workers: int = 1, lanes: int = 1,
+                        split: SplitRows | None = None) -> Program:
     """Sink parallel loops below reductions; strips of at most ``tile`` iterations, as many as
-    a multiple of ``workers`` (the threads that share them), each a multiple of ``lanes``."""
+    a multiple of ``workers`` (the threads that share them), each a multiple of ``lanes``;
+    with ``split``, single rows share their reduction instead."""
     kernels = []
     for k in p.kernels:
-        body = tuple(_sink(s, tile, workers, lanes) if isinstance(s, For) else s for s in k.body)
+        body = tuple(_sink(s, tile, workers, lanes, split) if isinstance(s, For) else s for s in k.body)
         kernels.append(replace(k, body=body))
     return replace(p, kernels=tuple(kernels))
 

@@ -236,6 +236,8 @@ def assign_omp(p: Program, *, threads: int, min_work: int) -> Program:
         return p
 
     def choose(s: For) -> For:
+        if any(isinstance(x, For) and x.workers for x in walk_stmts((s,))):
+            return s  # shared already (an array reduction set by a scheduling pass)
         if not s.parallel and s.body and all(isinstance(b, For) for b in s.body) and trip_count(s) is not None \
                 and _work((s,)) >= min_work:
             # a sequential loop around parallel bands (row or reduction blocks of a tiled

@@ -57,8 +57,9 @@ class CPUBackend(Backend):
             ("tile_contractions", lambda p: tile_contractions.tile_contractions(p, machine, prefetch=o.prefetch)
              if o.tile_contractions else p),
             ("tile_transposes", lambda p: tile_transposes.tile_transposes(p, machine.lanes(4))),
-            ("sink_parallel_loops", lambda p: interchange.sink_parallel_loops(p, tile=SINK_TILE, workers=o.threads,
-                                                                              lanes=machine.lanes(4))),
+            ("sink_parallel_loops", lambda p: interchange.sink_parallel_loops(
+                p, tile=SINK_TILE, workers=o.threads, lanes=machine.lanes(4),
+                split=interchange.SplitRows(max_bytes=machine.l1d_bytes // 2))),
             ("conditions_to_bounds", bounds.conditions_to_bounds),
             ("hoist_divisors", hoist.hoist_divisors),
             ("coalesce_loops", coalesce.coalesce_loops),
@@ -68,10 +69,16 @@ class CPUBackend(Backend):
         ]
 
     def symbolic_passes(self, machine: CPUMachine, options) -> list[Pass]:
-        """Programs with symbolic sizes: the loops stay as built (tiling needs sizes), checked
-        parallel loops run on the OpenMP threads."""
+        """Programs with symbolic sizes: no tiling yet (its sizes come from the extents); parallel
+        loops with static extents sink below reductions (x @ W reads W's rows contiguously), and
+        checked parallel loops run on the OpenMP threads."""
         o = options
-        return [("assign_omp", lambda p: parallelize.assign_omp(p, threads=o.threads, min_work=o.parallel_min_work))]
+        return [
+            ("sink_parallel_loops", lambda p: interchange.sink_parallel_loops(p, tile=SINK_TILE, workers=o.threads,
+                                                                              lanes=machine.lanes(4))),
+            ("check_parallel_again", parallelize.check_parallel),
+            ("assign_omp", lambda p: parallelize.assign_omp(p, threads=o.threads, min_work=o.parallel_min_work)),
+        ]
 
     def emit(self, prog, request: EmitRequest) -> NativeGraph:
         o = request.options

@@ -103,6 +103,12 @@ def _dynamic(gm: torch.fx.GraphModule, example_inputs, options: Options, params:
         except Unsupported as e:  # e.g. a size that is not a polynomial of the symbols
             log.info("polytile: graph compiled per size (%s)", e)
             return None
+        except Exception as e:  # a bug must not crash the user's program: per-size versions then
+            if not options.fallback:
+                raise
+            log.warning("polytile: compiling a graph with symbolic sizes failed (%s: %s); compiling it per size",
+                        type(e).__name__, e)
+            return None
 
     if options.dynamic == "specialize":
         return _specializing(gm, options, params)
