@@ -19,7 +19,7 @@ from polytile.backends.cpu.machine import detect, resolve
 from polytile.compiler import passes_for
 
 from accuracy import assert_accurate, fp64_reference
-from machines import pinned
+from machines import NUMERIC, pinned
 
 F32 = "float32"
 
@@ -557,6 +557,45 @@ def test_linear_on_few_tokens_streams_the_weight(m, n, k):
     out, _ = _compile(lambda a, w, bb: F.linear(a, w, bb), (a, wt, bias))
     assert_accurate(out, F.linear(a, wt, bias), lambda: fp64_reference(lambda a, w, bb: F.linear(a, w, bb),
                                                                         (a, wt, bias)), 1e-4)
+
+
+VECTOR_ROWS = [(768, 3072), (3072, 768), (300, 97), (1024, 2048)]
+
+
+@pytest.mark.parametrize("k,n", VECTOR_ROWS, ids=[f"{k}x{n}" for k, n in VECTOR_ROWS])
+def test_one_row_times_a_row_major_matrix_shares_the_reduction(k, n):
+    """x @ W with one row of x and a row-major W (GPT-2's Conv1D while decoding): the threads
+    share the reduction, each adding whole rows of W into its own accumulator row (an array
+    reduction), rather than each reading a short piece of every row; with accumulators past
+    half the L1 (2048 columns) the columns are split as before. Against eager."""
+    from polytile.affine.ir import For
+
+    b = GraphBuilder()
+    x, w = b.input(0, [1, k], F32), b.input(1, [k, n], F32)
+    p = _pipeline(build(b.graph([b.matmul(x, w)])))
+    loops = [s for kk in p.kernels for s in walk_stmts(kk.body) if isinstance(s, For)]
+    shared = [f for f in loops if f.reduce_arrays]
+    if n * 4 <= 16 * 1024 and k >= 256:
+        assert len(shared) == 1 and shared[0].workers == 1 and shared[0].reduce_arrays[0][1] == n
+        assert sum(f.workers for f in loops) == 1  # nothing else runs in parallel
+    else:
+        assert not shared
+    a, wt, bias = torch.randn(1, k), torch.randn(k, n), torch.randn(n)
+    out, _ = _compile(torch.addmm, (bias, a, wt), threads=2)
+    assert_accurate(out, torch.addmm(bias, a, wt), lambda: fp64_reference(torch.addmm, (bias, a, wt)), 1e-4)
+
+
+@pytest.mark.parametrize("preset", NUMERIC)
+def test_one_row_reductions_shared_by_threads_match_eager_on_every_machine(preset):
+    """The shared reduction with each machine description's vectors, with infinities and NaN."""
+    torch._dynamo.reset()
+    a, wt, bias = torch.randn(2, 1, 640), torch.randn(640, 200), torch.randn(200)
+    a[1, 0, 3], wt[5, 7] = float("inf"), float("nan")
+    f = torch.compile(lambda a, w, bb: a @ w + bb, backend="polytile",
+                      options={"fallback": False, "threads": 2, "machine": {"preset": preset}})
+    for row in (a[:1], a[1:]):
+        assert_accurate(f(row, wt, bias), row @ wt + bias, lambda: fp64_reference(lambda a, w, bb: a @ w + bb,
+                                                                                  (row, wt, bias)), 1e-4)
 
 
 def test_small_images_pack_panels_across_images():
