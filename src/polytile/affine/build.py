@@ -13,7 +13,7 @@ from ..dtypes import Unsupported
 from ..graph.builder import contiguous_strides
 from ..graph.ir import Graph, Node
 from ..graph.ops import conv_padding
-from ..graph.symbols import Sym
+from ..graph.symbols import Sym, symbols_of
 from .ir import (INDEX, Assign, Buffer, Const, Expr, Fail, For, If, Kernel, Let, Load, Op, Program,
                  Stmt, Store, Var, add, c, linear, mul, size_expr)
 
@@ -488,4 +488,6 @@ def build(graph: Graph, lowerings: Mapping[str, Callable] | None = None) -> Prog
         if rule is None:
             raise Unsupported(f"no affine lowering for graph op {n.op} on this target")
         rule(b, n)
-    return Program(tuple(sorted(b.bufs.values(), key=lambda x: (x.kind, x.index, x.name))), tuple(b.kernels))
+    symbols = symbols_of(*(n.shape for n in graph.nodes), *(n.attr("value") for n in graph.nodes if n.op == "full"))
+    return Program(tuple(sorted(b.bufs.values(), key=lambda x: (x.kind, x.index, x.name))), tuple(b.kernels),
+                   tuple(sorted(symbols)))

@@ -108,9 +108,10 @@ def size_params(exprs) -> frozenset[str]:
 def c(v: int) -> Expr:
     """The index constant v (small ones shared: constants are immutable); a symbolic size is
     its expression (``size_expr``)."""
-    if hasattr(v, "terms"):
-        return size_expr(v)
-    v = int(v)
+    if type(v) is not int:
+        if hasattr(v, "terms"):
+            return size_expr(v)
+        v = int(v)
     k = _SMALL.get(v)
     if k is None:
         k = Const(v, INDEX)
@@ -256,6 +257,7 @@ class Kernel:
 class Program:
     buffers: tuple[Buffer, ...]
     kernels: tuple[Kernel, ...]
+    symbols: tuple[str, ...] = ()  # size symbols of a program with symbolic sizes (``Var("sz_<name>")``)
 
     def buffer(self, name: str) -> Buffer:
         for b in self.buffers:

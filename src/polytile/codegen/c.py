@@ -413,13 +413,7 @@ def kernel_params(k: Kernel) -> list[str]:
 def program_symbols(p: Program) -> list[str]:
     """The size symbols of a program with symbolic sizes (``graph.symbols``), in the order the
     entry point reads their values (``args`` after the cache pointer); empty when static."""
-    names = set()
-    for k in p.kernels:
-        names.update(kernel_params(k))
-    for b in p.buffers:
-        if not isinstance(b.size, int):
-            names.update(size_params([size_expr(b.size)]))
-    return sorted(n[len(SIZE_PREFIX):] for n in names)
+    return list(p.symbols)
 
 
 def render(p: Program, offsets: dict[str, int], entry: str = "pt_entry", units: int = 1,
@@ -441,13 +435,14 @@ def render(p: Program, offsets: dict[str, int], entry: str = "pt_entry", units: 
         _, writes = buffers_used(k)
         types = tuple((bufs[n].dtype, n in writes) for n in order)
         fma = k.contraction or k.origin.startswith("attention")
+        sizes = kernel_params(k) if p.symbols else []
         key = (shape, types, fma)
         fname = funcs.get(key)
         if fname is None:
             fname = funcs[key] = k.name
             canon = rename_buffers(k.body, {n: f"b{i}" for i, n in enumerate(order)})
             params = ", ".join([f"{'' if w else 'const '}{CTYPE[dt]}* restrict b{i}" for i, (dt, w) in enumerate(types)]
-                               + [f"int64_t {v}" for v in kernel_params(k)])
+                               + [f"int64_t {v}" for v in sizes])
             # contractions (and attention) multiply-add with one rounding, as eager's GEMM and
             # convolution kernels do; everywhere else a * b + c rounds twice, as eager's
             # separate elementwise kernels do (the C flags turn contraction off)
@@ -455,7 +450,7 @@ def render(p: Program, offsets: dict[str, int], entry: str = "pt_entry", units: 
             proto = (f"__attribute__(({attrs})) void {fname}"
                      f"(int pt_nthreads, int* pt_err{', ' if params else ''}{params})")
             bodies.append((proto, [f"/* {k.origin} */", proto + " {", *stmts(canon, 1), "}\n"]))
-        call = f"{fname}(nthreads, &err{''.join(', ' + n for n in order + kernel_params(k))});"
+        call = f"{fname}(nthreads, &err{''.join(', ' + n for n in order + sizes)});"
         if profile:
             slot = len(calls)
             call = (f"{{ double pt_t0 = pt_now(); {call} pt_prof_ns[{slot}] += pt_now() - pt_t0; "
