@@ -79,3 +79,26 @@ def test_bench_generate_runs_and_reports(tmp_path, capsys):
     assert row["polytile_parametric_graphs"] >= 1 and row["polytile_fallbacks"] == 0
     assert row["polytile_tok_s"] > 0 and row["eager_tok_s"] > 0
     assert "| gpt2" in (tmp_path / "report.md").read_text()
+
+
+def test_llama_with_hugging_face_static_cache_matches_eager():
+    """HF's static cache (a fixed-size cache written in place at each step): eager's tokens for
+    two prompt lengths, a bounded number of per-size versions."""
+    torch.manual_seed(0)
+    torch._dynamo.reset()
+    cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, vocab_size=256,
+                                   max_position_embeddings=256)
+    model = transformers.LlamaForCausalLM(cfg).eval()
+    kw = dict(max_new_tokens=6, do_sample=False, pad_token_id=0, cache_implementation="static")
+    prompts = [torch.randint(1, 256, (1, n)) for n in (6, 9, 6)]
+    with torch.no_grad():
+        refs = [model.generate(p, **kw) for p in prompts]
+        model.forward = torch.compile(model.forward, backend="polytile")
+        st0 = polytile.stats()
+        outs = [model.generate(p, **kw) for p in prompts]
+    for out, ref in zip(outs, refs):
+        assert torch.equal(out, ref), (out, ref)
+    st = polytile.stats()
+    assert st["specialized_versions"] - st0["specialized_versions"] <= polytile.Options().max_specializations
+    assert st["eager_runs"] == st0["eager_runs"]
