@@ -328,6 +328,11 @@ def buffers_used(k: Kernel) -> tuple[frozenset[str], frozenset[str]]:
     return done
 
 
+def kernel_size_params(k: Kernel) -> list[str]:
+    """The size parameters (``sz_<symbol>``) a kernel's body mentions, in name order."""
+    return sorted(size_params(e for s in walk_stmts(k.body) for e in stmt_exprs(s)))
+
+
 def is_affine(e: Expr, ivs: frozenset[str] | set[str]) -> bool:
     """True when e is an affine function of ``ivs`` (floordiv/mod by positive constants allowed)."""
     if isinstance(e, Const):

@@ -6,8 +6,8 @@ from typing import Callable
 
 from ..affine.transpose import interleave_mask
 from ..affine.ir import (INDEX, SIZE_PREFIX, Alloc, Assign, Const, Expr, Fail, For, If, Kernel, Let, Load, Op, Prefetch,
-                         Program, Stmt, Store, Var, buffers_used, lanes, rename_buffers, size_expr, size_params,
-                         stmt_exprs, structure_key, walk_exprs, walk_stmts)
+                         Program, Stmt, Store, Var, buffers_used, kernel_size_params, lanes, rename_buffers, size_expr,
+                         structure_key, walk_exprs)
 
 CTYPE = {"float32": "float", "float64": "double", "int64": "int64_t", "int32": "int32_t",
          "int16": "int16_t", "int8": "int8_t", "uint8": "uint8_t", "bool": "bool",
@@ -405,24 +405,13 @@ def stmts(body: tuple[Stmt, ...], ind: int) -> list[str]:
 UNIT_MARK = "/* ==== translation unit ==== */\n"
 
 
-def kernel_params(k: Kernel) -> list[str]:
-    """The size parameters (``sz_<symbol>``) a kernel's body mentions, in name order."""
-    return sorted(size_params(e for s in walk_stmts(k.body) for e in stmt_exprs(s)))
-
-
-def program_symbols(p: Program) -> list[str]:
-    """The size symbols of a program with symbolic sizes (``graph.symbols``), in the order the
-    entry point reads their values (``args`` after the cache pointer); empty when static."""
-    return list(p.symbols)
-
-
 def render(p: Program, offsets: dict[str, int], entry: str = "pt_entry", units: int = 1,
            profile: bool = False, refresh: str = "pt_refresh", dynamic: tuple[str, ...] = ()) -> list[str]:
     """C sources for the program: kernels spread over ``units`` translation units (compiled in
     parallel), the entry points ``int entry(void **args, int nthreads)`` (every kernel but the
     cached ones) and ``refresh`` (the cached ones) in the last one; args are the inputs, the
     outputs, the arena, the cache (``MemoryPlan``), then, with symbolic sizes, an array of the
-    sizes' values (``program_symbols``); the temporaries named in ``dynamic`` (sized by them) are
+    sizes' values (``Program.symbols``, in that order); the temporaries named in ``dynamic`` (sized by them) are
     allocated per call. Kernels that differ only in the buffers they
     touch share one function. With ``profile``, every call is timed into the exported arrays
     ``pt_prof_ns`` / ``pt_prof_calls`` (one slot per call site, named by ``pt_prof_names``)."""
@@ -435,7 +424,7 @@ def render(p: Program, offsets: dict[str, int], entry: str = "pt_entry", units: 
         _, writes = buffers_used(k)
         types = tuple((bufs[n].dtype, n in writes) for n in order)
         fma = k.contraction or k.origin.startswith("attention")
-        sizes = kernel_params(k) if p.symbols else []
+        sizes = kernel_size_params(k) if p.symbols else []
         key = (shape, types, fma)
         fname = funcs.get(key)
         if fname is None:
@@ -484,7 +473,7 @@ def render(p: Program, offsets: dict[str, int], entry: str = "pt_entry", units: 
         head.append(f"  {CTYPE[b.dtype]}* {b.name} = ({CTYPE[b.dtype]}*)args[{pos}];")
     head.append(f"  char* arena = (char*)args[{len(ins) + len(outs)}];")
     head.append(f"  char* cache = (char*)args[{len(ins) + len(outs) + 1}];")
-    symbols = program_symbols(p)
+    symbols = p.symbols
     if symbols:
         head.append(f"  const int64_t* pt_sizes = (const int64_t*)args[{len(ins) + len(outs) + 2}];")
         head += [f"  int64_t {SIZE_PREFIX}{n} = pt_sizes[{k}];" for k, n in enumerate(symbols)]

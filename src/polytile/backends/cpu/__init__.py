@@ -16,7 +16,7 @@ from typing import Any, Mapping
 from ... import counters as stats
 from ...affine.ir import buffers_used
 from ...affine.attention import online_softmax_nest
-from ...codegen.c import UNIT_MARK, program_symbols, render
+from ...codegen.c import UNIT_MARK, render
 from ...graph.symbols import is_symbolic
 from ...runtime.cache import discard
 from ...runtime.cc import build_shared_object
@@ -84,7 +84,7 @@ class CPUBackend(Backend):
         o = request.options
         t0 = time.perf_counter()
         plan = plan_memory(prog)
-        symbols = program_symbols(prog)
+        symbols = list(prog.symbols)
         srcs = render(prog, plan.offsets, units=max(1, min(o.threads, os.cpu_count() or 1)), profile=o.profile,
                       dynamic=plan.dynamic)
         t1 = time.perf_counter()
