@@ -60,7 +60,7 @@ def compile_graph_ir(graph: Graph, input_specs: list[TensorSpec], options: Optio
     t1 = time.perf_counter()
     stats.add_phase("graph passes", t1 - t0)
     prog = build(graph, lowerings)
-    if options.cache_weights and not symbolic:
+    if options.cache_weights:
         prog = mark_static_inputs(prog, {k for k, s in enumerate(input_specs) if s.static})
     stats.add_phase("affine build", time.perf_counter() - t1)
     if dumper:

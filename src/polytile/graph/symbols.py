@@ -100,10 +100,30 @@ class Sym:
     __rmul__ = __mul__
 
     def __floordiv__(self, other):
-        """Exact when every coefficient divides by ``other`` (a positive int); else unknown."""
+        """Exact when every term divides by ``other`` (a positive int, or a monomial with a
+        positive coefficient: ``(768*s) // (64*s)`` is 12, a view's reshape of a symbolic
+        dim); else unknown."""
         if isinstance(other, int) and other > 0 and all(k % other == 0 for _, k in self.terms):
             return Sym.make({m: k // other for m, k in self.terms}, self.lower)
+        if isinstance(other, Sym) and len(other.terms) == 1 and other.terms[0][1] > 0:
+            (dm, dk), = other.terms
+            out = {}
+            for m, k in self.terms:
+                rest = list(m)
+                for s in dm:
+                    if s not in rest:
+                        raise SymbolicSize(f"({self}) // ({other})")
+                    rest.remove(s)
+                if k % dk:
+                    raise SymbolicSize(f"({self}) // ({other})")
+                out[tuple(rest)] = k // dk
+            return Sym.make(out, self.lower)
         raise SymbolicSize(f"({self}) // {other}")
+
+    def __rfloordiv__(self, other):
+        if isinstance(other, int) and other == 0:
+            return 0
+        raise SymbolicSize(f"{other} // ({self})")
 
     def __mod__(self, other):
         if isinstance(other, int) and other > 0 and all(k % other == 0 for m, k in self.terms if m):
@@ -195,6 +215,15 @@ def is_symbolic(*xs) -> bool:
         if isinstance(x, (tuple, list)) and is_symbolic(*x):
             return True
     return False
+
+
+def at_least(x, n) -> bool:
+    """For a cost model's decision: ``x >= n`` where the symbols' lower bounds decide it, else
+    True (a symbolic size is one that grows: a prompt, a KV cache, a batch)."""
+    try:
+        return bool(x >= n)
+    except SymbolicSize:
+        return True
 
 
 def symbols_of(*xs) -> frozenset[str]:

@@ -148,6 +148,15 @@ class NativeGraph:
         fn.restype = ctypes.c_int
         return fn
 
+    def _refresh_cache(self, argv) -> int:
+        """Run the cached kernels into the selected cache (under the lock); their error code."""
+        err = self._refresh(argv, self.threads)
+        if not err:  # (a failed refresh is retried on the next call)
+            self.cache.done()
+            self.refreshes += 1
+            stats.bump("cache_refreshes")
+        return err
+
     def check(self, args) -> list:
         """The arguments as the compiled code reads them: each one checked against its spec, and
         one whose strides differ but which holds the same values (dtype, shape, device) copied
@@ -184,13 +193,7 @@ class NativeGraph:
                 if self.cached_inputs else (self._no_cache, False)
             argv[:] = [*[t.data_ptr() for t in args], *[t.data_ptr() for t in outs], self.arena.data_ptr(),
                        cache.data_ptr()]
-            err = 0
-            if stale:
-                err = self._refresh(argv, self.threads)
-                if not err:  # (a failed refresh is retried on the next call)
-                    self.cache.done()
-                    self.refreshes += 1
-                    stats.bump("cache_refreshes")
+            err = self._refresh_cache(argv) if stale else 0
             if not err:
                 err = self._fn(argv, self.threads)
         if err:
@@ -205,11 +208,12 @@ class SymbolicGraph(NativeGraph):
     the outputs, and passes the values to the entry point after the cache pointer."""
 
     def __init__(self, so_path: str, inputs: list[TensorSpec], outputs: list[TensorSpec], arena_bytes: int,
-                 threads: int, symbols: list[str], name: str = "graph", input_labels: list[str] | None = None):
+                 threads: int, symbols: list[str], name: str = "graph", input_labels: list[str] | None = None,
+                 cache_bytes: int = 0, cached_inputs: tuple[int, ...] = ()):
         self.symbols = list(symbols)
         self._sizes_type = ctypes.c_int64 * max(1, len(self.symbols))
         super().__init__(so_path, inputs, outputs, arena_bytes, threads, name=name, input_labels=input_labels,
-                         reuse_outputs=False)
+                         reuse_outputs=False, cache_bytes=cache_bytes, cached_inputs=cached_inputs)
         self._argv_type = ctypes.c_void_p * (self._nargs + 1)
         self._argv = self._argv_type()
         self._made: dict = {}
@@ -254,9 +258,13 @@ class SymbolicGraph(NativeGraph):
         sizes = self._sizes_type(*key)
         with self._lock:
             argv = self._argv
+            cache, stale = self.cache.select(tuple(args[i] for i in self.cached_inputs)) \
+                if self.cached_inputs else (self._no_cache, False)
             argv[:] = [*[t.data_ptr() for t in args], *[t.data_ptr() for t in outs], self.arena.data_ptr(),
-                       self._no_cache.data_ptr(), ctypes.addressof(sizes)]
-            err = self._fn(argv, self.threads)
+                       cache.data_ptr(), ctypes.addressof(sizes)]
+            err = self._refresh_cache(argv) if stale else 0
+            if not err:
+                err = self._fn(argv, self.threads)
         if err:
             raise KernelRuntimeError(f"polytile {self.name}: {_ERRORS.get(err, f'kernel error {err}')}")
         return outs

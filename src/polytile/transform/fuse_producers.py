@@ -14,6 +14,7 @@ from dataclasses import replace
 
 from ..affine.ir import Kernel, Load, Program, lanes
 from ..dtypes import ITEMSIZE
+from ..graph.symbols import at_least
 from . import fusion_cost
 from .fusion_util import Context, Uses, finish, join_origin, loads_of, perfect_store, rewrite_loads, subst_vars
 from ..affine import isl as pisl
@@ -26,7 +27,8 @@ class _NoSlice(Exception):
 def fuse_producers(p: Program) -> Program:
     sizes = {b.name: b.size for b in p.buffers}
     kinds = {b.name: b.kind for b in p.buffers}
-    large = {b.name for b in p.buffers if b.kind == "temp" and b.size * ITEMSIZE[b.dtype] >= fusion_cost.LARGE_BYTES}
+    large = {b.name for b in p.buffers
+             if b.kind == "temp" and at_least(b.size * ITEMSIZE[b.dtype], fusion_cost.LARGE_BYTES)}
     kernels: list[Kernel | None] = list(p.kernels)
     uses = Uses(kernels)
     for ki in range(len(kernels) - 1, -1, -1):  # last producer first: chains collapse into their end

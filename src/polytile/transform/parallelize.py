@@ -212,7 +212,9 @@ def _work_expr(body: tuple[Stmt, ...]) -> Expr:
     for s in body:
         if isinstance(s, For):
             n = trip_count(s)
-            total = add(total, mul(c(n) if n is not None else _trips(s), _work_expr(s.body) if s.body else c(1)))
+            # (bounds that use an enclosing loop's variable, a strip: its length, as ``_work``)
+            trips = c(n) if n is not None else _trips(s) if _size_bound(s) else c(_trips_at_most(s))
+            total = add(total, mul(trips, _work_expr(s.body) if s.body else c(1)))
         elif isinstance(s, If):
             total = add(total, c(max(_work(s.then), _work(s.orelse), 1)))
         else:

@@ -22,14 +22,19 @@ from ...runtime.cache import discard
 from ...runtime.cc import build_shared_object
 from ...runtime.loader import NativeGraph, SymbolicGraph
 from ...runtime.memory_plan import plan_memory
-from ...transform import (bounds, cache_static, coalesce, hoist, interchange, parallelize, tile_contractions,
-                          tile_transposes)
+from ...transform import (bounds, cache_static, coalesce, hoist, interchange, parallelize, row_blocks,
+                          tile_contractions, tile_transposes)
+from ...transform.contraction_sizes import tile_sizes
+from ...transform.pipeline import run_pipeline, shared_passes
 from .. import Backend, EmitRequest, Pass
 from .attention import lower_attention
 from .conv import lower_conv2d
 from .machine import CPUMachine, resolve
 
 SINK_TILE = 512  # iterations of a sunk parallel loop's tile (interchange.sink_parallel_loops)
+# register tiles' rows in the blocks of a symbolic number of rows (``row_blocks``): large blocks,
+# then small ones for what they leave, the last of which runs padded
+ROW_BLOCK_TILES, ROW_BLOCK_TILES_LEFT = 8, 2
 
 
 class CPUBackend(Backend):
@@ -69,16 +74,26 @@ class CPUBackend(Backend):
         ]
 
     def symbolic_passes(self, machine: CPUMachine, options) -> list[Pass]:
-        """Programs with symbolic sizes: no tiling yet (its sizes come from the extents); parallel
-        loops with static extents sink below reductions (x @ W reads W's rows contiguously), and
-        checked parallel loops run on the OpenMP threads."""
+        """Programs with symbolic sizes: runs of kernels over a symbolic number of rows that hold
+        a contraction run in static blocks of rows scheduled as static programs are
+        (``row_blocks``: blocks of 8 register tiles' rows, then of one tile's rows); the rest,
+        and the rows left over, as plain nests whose parallel loops with static extents sink
+        below reductions (x @ W reads W's rows contiguously) and whose checked parallel loops
+        run on the OpenMP threads."""
         o = options
-        return [
+        rest = [
             ("sink_parallel_loops", lambda p: interchange.sink_parallel_loops(p, tile=SINK_TILE, workers=o.threads,
                                                                               lanes=machine.lanes(4))),
             ("check_parallel_again", parallelize.check_parallel),
             ("assign_omp", lambda p: parallelize.assign_omp(p, threads=o.threads, min_work=o.parallel_min_work)),
         ]
+        if not (o.tile_contractions and o.row_blocks):
+            return rest
+        static = shared_passes(o) + self.passes(machine, o)
+        mr = tile_sizes(machine)[0]
+        plan = row_blocks.RowBlocks(sizes=(ROW_BLOCK_TILES * mr, ROW_BLOCK_TILES_LEFT * mr))
+        return [("block_rows", lambda p: row_blocks.block_rows(
+            p, plan, static=lambda q: run_pipeline(q, static, o), rest=lambda q: run_pipeline(q, rest, o)))]
 
     def emit(self, prog, request: EmitRequest) -> NativeGraph:
         o = request.options
@@ -103,7 +118,8 @@ class CPUBackend(Backend):
         def load(path):
             if symbols:
                 return SymbolicGraph(path, request.input_specs, request.output_specs, plan.arena_bytes, o.threads,
-                                     symbols=symbols, name=request.name, input_labels=request.input_labels)
+                                     symbols=symbols, name=request.name, input_labels=request.input_labels,
+                                     cache_bytes=plan.cache_bytes, cached_inputs=cached_inputs)
             return NativeGraph(path, request.input_specs, request.output_specs, plan.arena_bytes, o.threads,
                                name=request.name, input_labels=request.input_labels, reuse_outputs=o.reuse_outputs,
                                cache_bytes=plan.cache_bytes, cached_inputs=cached_inputs)

@@ -158,6 +158,22 @@ def _compile(gm: fx.GraphModule, example_inputs, options: Options, params: froze
     # ops on symbolic shapes go to parametric segments, the others to static ones as before
     symbolic = any(is_sym_value(x) for x in example_inputs)
     sym_nodes: dict = {}  # fx node -> its size (a Sym or int)
+
+    def symbolic_op(node) -> bool:
+        return is_sym_value(node.meta.get("val")) or any(
+            is_sym_value(_example(a, gm, example_inputs, placeholders)) for a in node.all_input_nodes)
+
+    # light static ops on parameters only (a weight's transpose or view) go where their users
+    # go: into a parametric segment when those are symbolic, rather than a static segment whose
+    # output (a copy of the weight) is made at every call
+    with_users: set = set()
+    if symbolic:
+        for node in reversed(gm.graph.nodes):
+            if node.op == "call_function" and op_name(node) not in HEAVY and not symbolic_op(node) and all(
+                    a.op == "get_attr" or (a.op == "placeholder" and placeholders.index(a) in params)
+                    for a in node.all_input_nodes) and node.users and all(
+                    u in with_users or (u.op == "call_function" and symbolic_op(u)) for u in node.users):
+                with_users.add(node)
     for node in gm.graph.nodes:
         if node.op in ("placeholder", "output"):
             continue
@@ -174,8 +190,7 @@ def _compile(gm: fx.GraphModule, example_inputs, options: Options, params: froze
             if node.op == "call_function" and isinstance(val, (torch.SymInt, torch.SymFloat, torch.SymBool)):
                 sym_nodes[node] = to_size(val)  # (Unsupported for a SymFloat: the caller specializes)
                 continue
-            param = is_sym_value(val) or any(
-                is_sym_value(_example(a, gm, example_inputs, placeholders)) for a in node.all_input_nodes)
+            param = symbolic_op(node) or node in with_users
             if not param and cur.parametric and op_name(node) not in HEAVY:
                 param = True  # light static ops (views, elementwise) stay with their symbolic neighbours
             if param != cur.parametric:

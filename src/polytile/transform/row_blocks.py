@@ -1,0 +1,408 @@
+"""Kernels over a symbolic number of rows, run as static blocks of rows with the static
+pipeline's schedule (full tiles), and the rows left over as the plain parametric nests
+(partial tiles): index-set splitting of the rows loop, chosen at run time by the sizes.
+
+A kernel is *row-separable* when its root loop is a parallel loop over a symbolic extent R
+(the rows: tokens of a prompt, of a batch) and that loop's variable v appears only as a term
+``v * stride`` of buffer indices (a static stride per buffer), nothing else in the kernel
+being symbolic. Each of its buffers is then either *windowed* (stride > 0: row v reads or
+writes only its own ``stride`` elements, as any in-bounds access for every R implies) or
+static-sized and only read (a weight). A run of consecutive row-separable kernels over the
+same R, with one stride per buffer, computes every row from the same row of what it reads:
+any block of rows can be computed alone, in any order.
+
+For each block size B of ``RowBlocks.sizes`` (largest first) such a run becomes a static
+program over B rows (windowed buffers of B rows; temps only the run uses become temps of B
+rows), scheduled by the backend's static pipeline (``static``: fusion, register tiles,
+packing, parallel loops, cached packed weights), and is called in a loop over the blocks
+with every windowed access shifted by the block's first row. The blocks of each size cover
+as many rows as that size divides of what the larger ones left; the rows below the smallest
+size run the original nests from the first row left (scheduled by ``rest`` with every kernel
+that is not blocked). Runs without a contraction are not blocked (their plain nests are
+already as good: elementwise loops over rows)."""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, replace
+from typing import Callable
+
+from ..affine.ir import (SIZE_PREFIX, Alloc, Assign, Buffer, Const, Expr, For, If, Kernel, Let, Load, Op, Prefetch,
+                         Program, Stmt, Store, Var, add, buffers_used, c, mul, rename_buffers, stmt_exprs, trip_count,
+                         walk_exprs, walk_stmts, INDEX)
+from ..affine.linear import linear_form, to_expr
+from ..dtypes import Unsupported
+from ..graph.symbols import Sym
+from .cache_static import cache_static_kernels, mark_static_inputs
+from .fusion_util import declared_names, map_expr, map_stmt_exprs, rename_locals, subst_vars
+
+log = logging.getLogger("polytile")
+
+
+@dataclass(frozen=True)
+class RowBlocks:
+    """Rows per block, level by level, largest first (a backend's cost model picks them: a
+    multiple of its register tile's rows); empty: no blocking."""
+
+    sizes: tuple[int, ...]
+
+
+@dataclass
+class _Run:
+    start: int            # position of the first kernel in the program
+    kernels: list[Kernel]
+    rows: Expr            # the symbolic extent R
+    strides: dict         # buffer -> row stride (0: a static-sized buffer, only read)
+
+
+def block_rows(p: Program, plan: RowBlocks, *, static: Callable[[Program], Program],
+               rest: Callable[[Program], Program]) -> Program:
+    """``p`` with its row-separable runs of kernels blocked (see the module's docstring);
+    ``static`` schedules a program with static sizes, ``rest`` one with symbolic sizes."""
+    if not plan.sizes or not p.symbols:
+        return rest(p)
+    runs = [r for r in _runs(p) if any(k.contraction for k in r.kernels)]
+    blocked: dict[int, tuple[list[Kernel], list[Kernel], list[Buffer]]] = {}  # run start -> (before, after, bufs)
+    for n, r in enumerate(runs):
+        try:
+            blocked[r.start] = _block(p, r, plan.sizes, static, tag=f"r{n}")
+        except (Unsupported, RuntimeError) as e:  # the run keeps its plain nests
+            log.debug("polytile: rows of %s not blocked: %s", r.kernels[0].origin, e)
+    if not blocked:
+        return rest(p)
+    rests: list[Kernel] = []
+    where: list[tuple[int, int]] = []  # (position in rest's program, or -1 for a blocked kernel, index)
+    extra: list[Buffer] = []
+    out_slots: list = []
+    starts = {r.start: r for r in runs if r.start in blocked}
+    i = 0
+    while i < len(p.kernels):
+        r = starts.get(i)
+        if r is None:
+            out_slots.append(("rest", len(rests)))
+            rests.append(p.kernels[i])
+            i += 1
+            continue
+        before, remainder, bufs = blocked[i]
+        extra += bufs
+        out_slots += [("fixed", k) for k in before]
+        for k in remainder:
+            out_slots.append(("rest", len(rests)))
+            rests.append(k)
+        i += len(r.kernels)
+    q = rest(replace(p, kernels=tuple(rests), buffers=p.buffers + tuple(extra)))
+    if len(q.kernels) != len(rests):
+        raise RuntimeError("block_rows: the parametric schedule changed the number of kernels")
+    kernels = tuple(q.kernels[x] if tag == "rest" else x for tag, x in out_slots)
+    return replace(q, kernels=kernels)
+
+
+# ------------------------------------------------------------------ finding runs
+def _runs(p: Program) -> list[_Run]:
+    sizes = {b.name: b.size for b in p.buffers}
+    out: list[_Run] = []
+    cur: _Run | None = None
+    for i, k in enumerate(p.kernels):
+        k = _unit_loops_zero(k)
+        got = _separable(k, sizes)
+        if got is None:
+            cur = None
+            continue
+        rows, strides = got
+        if cur is not None and _sym(cur.rows) == _sym(rows) and \
+                all(cur.strides.get(b, s) == s for b, s in strides.items()):
+            cur.kernels.append(k)
+            cur.strides.update(strides)
+            continue
+        cur = _Run(i, [k], rows, dict(strides))
+        out.append(cur)
+    return out
+
+
+def _separable(k: Kernel, sizes: dict) -> tuple[Expr, dict] | None:
+    f = _rows_loop(k)
+    if f is None:
+        return None
+    rows = _sym(f.hi)
+    if not f.parallel or f.lo != c(0) or f.workers or not isinstance(rows, Sym):
+        return None
+    v = f.var
+    strides: dict[str, int] = {}
+
+    def access(buf: str, index: Expr) -> bool:
+        lf = linear_form(index)
+        if lf is None:  # an indirect or non-affine index: v may not appear in it
+            return not _uses(index, {v}) and scan(index)
+        coefs, _ = lf
+        if any(x.startswith(SIZE_PREFIX) for x in coefs):
+            return False
+        s = coefs.get(v, 0)
+        if strides.setdefault(buf, s) != s or s < 0:
+            return False
+        return True
+
+    def scan(e: Expr) -> bool:
+        if isinstance(e, Load):
+            return access(e.buf, e.index)
+        if isinstance(e, Var):
+            return e.name != v and not e.name.startswith(SIZE_PREFIX)
+        if isinstance(e, Op):
+            return all(scan(a) for a in e.args)
+        return True
+
+    locals_ = {s.name for s in walk_stmts(f.body) if isinstance(s, Alloc)}
+    for s in walk_stmts(f.body):
+        if isinstance(s, (Store, Prefetch)) and s.buf not in locals_:
+            if not access(s.buf, s.index):
+                return None
+            if isinstance(s, Store) and not scan(s.value):
+                return None
+        elif isinstance(s, Store):  # a local array: its index may not use v
+            if _uses(s.index, {v}) or not scan(s.index) or not scan(s.value):
+                return None
+        elif isinstance(s, Prefetch):
+            continue
+        elif not all(scan(e) for e in stmt_exprs(s)):
+            return None
+    strides = {b: s for b, s in strides.items() if b not in locals_}
+    for b, s in strides.items():
+        size = sizes.get(b)
+        if size is None:
+            return None
+        if s == 0:
+            if isinstance(size, Sym):  # a symbolic buffer read at no row of its own
+                return None
+        elif not isinstance(size, Sym) or size != rows * s:
+            return None
+    written = {s.buf for s in walk_stmts(f.body) if isinstance(s, Store) and s.buf not in locals_}
+    if any(strides[b] == 0 for b in written):
+        return None
+    return f.hi, strides
+
+
+def _rows_loop(k: Kernel) -> For | None:
+    """The kernel's root loop, or the first loop of more than one iteration in a perfect chain
+    of loops from it (a tensor [1, s, d] has a loop of one iteration around its rows)."""
+    if k.cached or len(k.body) != 1 or not isinstance(k.body[0], For):
+        return None
+    f = k.body[0]
+    while trip_count(f) == 1 and len(f.body) == 1 and isinstance(f.body[0], For):
+        f = f.body[0]
+    return f
+
+
+def _unit_loops_zero(k: Kernel) -> Kernel:
+    """``k`` with the variables of the one-iteration loops around its rows loop replaced by 0 in
+    the indices, which are then rebuilt from their linear forms (``i0 * (768 * s)`` with i0
+    always 0 drops out, and with it the size parameter)."""
+    f, zero = (k.body[0] if len(k.body) == 1 else None), {}
+    while isinstance(f, For) and trip_count(f) == 1 and f.lo == c(0) and len(f.body) == 1 and \
+            isinstance(f.body[0], For):
+        zero[f.var] = c(0)
+        f = f.body[0]
+    if not zero:
+        return k
+
+    def norm(e: Expr) -> Expr:
+        e = subst_vars(e, zero)
+        lf = linear_form(e)
+        return to_expr(*lf) if lf is not None else e
+
+    def fix(x: Expr) -> Expr:
+        return Load(x.buf, norm(x.index), x.dtype) if isinstance(x, Load) else x
+
+    def stmts(body: tuple[Stmt, ...]) -> tuple[Stmt, ...]:
+        out = []
+        for s in map_stmt_exprs(body, fix):
+            if isinstance(s, (Store, Prefetch)):
+                s = replace(s, index=norm(s.index))
+            elif isinstance(s, For):
+                s = replace(s, body=stmts(s.body))
+            elif isinstance(s, If):
+                s = replace(s, then=stmts(s.then), orelse=stmts(s.orelse))
+            out.append(s)
+        return tuple(out)
+
+    return replace(k, body=stmts(k.body))
+
+
+def _with_rows(k: Kernel, hi: Expr) -> Kernel:
+    """``k`` with its rows loop (``_rows_loop``) running to ``hi``."""
+    def go(f: For) -> For:
+        if trip_count(f) == 1 and len(f.body) == 1 and isinstance(f.body[0], For):
+            return replace(f, body=(go(f.body[0]),))
+        return replace(f, hi=hi)
+    return replace(k, body=(go(k.body[0]),))
+
+
+def _sym(e: Expr):
+    """An index expression of size parameters, constants, + and * as a ``Sym`` (or an int);
+    None for anything else."""
+    if isinstance(e, Const):
+        return int(e.value) if e.dtype == INDEX else None
+    if isinstance(e, Var):
+        return Sym.symbol(e.name[len(SIZE_PREFIX):]) if e.name.startswith(SIZE_PREFIX) else None
+    if isinstance(e, Op) and e.fn in ("add", "sub", "mul") and len(e.args) == 2:
+        a, b = _sym(e.args[0]), _sym(e.args[1])
+        if a is None or b is None:
+            return None
+        return a + b if e.fn == "add" else a - b if e.fn == "sub" else a * b
+    return None
+
+
+def _uses(e: Expr, names) -> bool:
+    return any(isinstance(x, Var) and x.name in names for x in walk_exprs(e))
+
+
+# ------------------------------------------------------------------ blocking one run
+def _block(p: Program, r: _Run, sizes: tuple[int, ...], static: Callable[[Program], Program],
+           tag: str) -> tuple[list[Kernel], list[Kernel], list[Buffer]]:
+    """(the cached and blocked kernels, the remainder kernels, the new buffers) of run ``r``."""
+    bufs = {b.name: b for b in p.buffers}
+    written = set()
+    for k in r.kernels:
+        for s in walk_stmts(k.body):
+            if isinstance(s, Store):
+                written.add(s.buf)
+    users_outside = set()
+    for i, k in enumerate(p.kernels):
+        if not r.start <= i < r.start + len(r.kernels):
+            rd, wr = buffers_used(k)
+            users_outside |= rd | wr
+    local = {b for b in r.strides if bufs[b].kind == "temp" and b not in users_outside and r.strides[b] > 0}
+    fixed: list[Kernel] = []
+    new_bufs: list[Buffer] = []
+    shared: dict = {}  # a row-invariant kernel's body (its output renamed) -> the temp an earlier level made
+    start: Expr = c(0)
+    for level, B in enumerate(sizes):
+        last = level == len(sizes) - 1
+        raw: list[Stmt] = []  # the last level's block body before its shift (the rows left run it padded)
+        sub = _sub_program(r, bufs, local, written, B)
+        q = static(sub)
+        q = replace(q, kernels=tuple(replace(k, cached=False) for k in q.kernels),
+                    buffers=tuple(replace(b, kind="temp") if b.kind == "cache" else b for b in q.buffers))
+        # kernels that read no row of the block (a weight's panels packed) run once, before the
+        # blocks, found as ``cache_static`` finds the kernels of parameters alone; kept between
+        # calls where the outer program's inputs they read are parameters it may cache
+        invariant = {k.name for k in cache_static_kernels(q).kernels if k.cached}
+        params = {b.index for b in q.buffers if b.kind == "input" and bufs[b.name].static}
+        kept = {k.name for k in cache_static_kernels(mark_static_inputs(
+            replace(q, buffers=tuple(replace(b, static=False) for b in q.buffers)), params)).kernels if k.cached}
+        names = {b.name: b for b in q.buffers}
+        ren: dict[str, str] = {}
+        made: dict[str, Buffer] = {}
+        for b in q.buffers:
+            if b.kind == "temp":
+                ren[b.name] = f"{b.name}_{tag}b{B}"
+                made[b.name] = replace(b, name=ren[b.name], index=-1, static=False)
+        body: list[Stmt] = []
+        mb = f"pt_{tag}_{B}"
+        first = add(start, mul(Var(mb), c(B)))
+        offs = {b: mul(first, c(s)) for b, s in r.strides.items() if s > 0 and b not in local
+                and b in names and names[b].kind in ("input", "output")}
+        for j, k in enumerate(q.kernels):
+            if k.name in invariant:
+                (out,) = buffers_used(k)[1]
+                key = (rename_buffers(k.body, {out: "_"}), names[out].size, k.name in kept)
+                if key in shared:  # the same panels as a larger block's: made whenever any block runs
+                    ren[out], at, plain = shared[key]
+                    fixed[at] = plain
+                    del made[out]
+                    continue
+                if k.name in kept:
+                    made[out] = replace(made[out], kind="cache")
+                kb = _rename_buffers(k.body, ren)
+                if k.name not in kept:  # made per call only when some block of this size runs
+                    kb = (If(Op("ge", (Op("sub", (r.rows, start), INDEX), c(1 if last else B)), "bool"), kb),)
+                plain = replace(k, name=f"{k.name}_{tag}b{B}", body=_rename_buffers(k.body, ren), cached=k.name in kept)
+                shared[key] = (ren[out], len(fixed), plain)
+                fixed.append(replace(plain, body=kb))
+                continue
+            kb = _rename_buffers(k.body, ren)
+            kb = rename_locals(kb, {x: f"{x}_k{j}" for x in declared_names(kb)})
+            raw += kb
+            body += list(_shift(kb, offs))
+        new_bufs += made.values()
+        count = Op("floordiv", (Op("sub", (r.rows, start), INDEX), c(B)), INDEX)
+        loop = For(mb, c(0), count, tuple(body))
+        first_k = r.kernels[0]
+        fixed.append(Kernel(f"{first_k.name}_rows{B}", (loop,),
+                            origin=f"{B}-row blocks of " + first_k.origin, contraction=True))
+        start = add(start, mul(count, c(B)))
+        if last:  # the rows left, fewer than B: one block of B rows, copied in and out, zeros past them
+            pad, pad_bufs = _padded_block(tuple(raw), {b: (names[b], r.strides[b]) for b in offs}, r.rows, start, B,
+                                          f"{tag}pad")
+            new_bufs += pad_bufs
+            fixed.append(Kernel(f"{first_k.name}_rows_left", pad, origin="rows left of " + first_k.origin,
+                                contraction=True))
+    return fixed, [], new_bufs
+
+
+def _padded_block(body: tuple[Stmt, ...], windows: dict, rows: Expr, start: Expr, B: int,
+                  tag: str) -> tuple[tuple[Stmt, ...], list[Buffer]]:
+    """The block program ``body`` run once on the rows from ``start`` to ``rows`` (fewer than B):
+    each windowed input's rows copied into a temp of B rows whose rows past them are zeros (any
+    value computed from them is finite or harmless, and an index read there is in range), each
+    windowed output's rows copied out of its temp."""
+    left = Op("sub", (rows, start), INDEX)
+    temps = {b: f"{b}_{tag}" for b in windows}
+    bufs = [Buffer(temps[b], sb.dtype, B * st, "temp") for b, (sb, st) in windows.items()]
+    copy_in: list[Stmt] = []
+    copy_out: list[Stmt] = []
+    e = Var("pt_e")
+    for b, (sb, st) in windows.items():
+        n = mul(left, c(st))
+        if sb.kind == "input":
+            copy_in += [For("pt_e", c(0), n, (Store(temps[b], e, Load(b, add(mul(start, c(st)), e), sb.dtype)),)),
+                        For("pt_e", n, c(B * st), (Store(temps[b], e, Const(0, sb.dtype)),))]
+        else:
+            copy_out.append(For("pt_e", c(0), n, (Store(b, add(mul(start, c(st)), e), Load(temps[b], e, sb.dtype)),)))
+    run = tuple(copy_in) + rename_buffers(body, temps) + tuple(copy_out)
+    return (If(Op("gt", (left, c(0)), "bool"), run),), bufs
+
+
+def _sub_program(r: _Run, bufs: dict, local: set, written: set, B: int) -> Program:
+    out: list[Buffer] = []
+    n_in = n_out = 0
+    for name in sorted(r.strides):
+        b, s = bufs[name], r.strides[name]
+        if s == 0:
+            out.append(Buffer(name, b.dtype, b.size, "input", n_in, static=True))  # the same for every row
+            n_in += 1
+        elif name in local:
+            out.append(Buffer(name, b.dtype, B * s, "temp"))
+        elif name in written:
+            out.append(Buffer(name, b.dtype, B * s, "output", n_out))
+            n_out += 1
+        else:
+            out.append(Buffer(name, b.dtype, B * s, "input", n_in))
+            n_in += 1
+    kernels = tuple(_with_rows(k, c(B)) for k in r.kernels)
+    return Program(tuple(out), kernels)
+
+
+def _rename_buffers(body: tuple[Stmt, ...], m: dict[str, str]) -> tuple[Stmt, ...]:
+    return rename_buffers(body, m) if m else body
+
+
+def _shift(body: tuple[Stmt, ...], offs: dict[str, Expr]) -> tuple[Stmt, ...]:
+    """Every access of a buffer in ``offs`` moved by its offset."""
+    def ex(e: Expr) -> Expr:
+        return map_expr(e, lambda x: Load(x.buf, add(x.index, offs[x.buf]), x.dtype)
+                        if isinstance(x, Load) and x.buf in offs else x)
+
+    out: list[Stmt] = []
+    for s in body:
+        if isinstance(s, For):
+            s = replace(s, lo=ex(s.lo), hi=ex(s.hi), body=_shift(s.body, offs))
+        elif isinstance(s, Store):
+            idx = ex(s.index)
+            s = Store(s.buf, add(idx, offs[s.buf]) if s.buf in offs else idx, ex(s.value))
+        elif isinstance(s, (Let, Assign)):
+            s = replace(s, value=ex(s.value))
+        elif isinstance(s, If):
+            s = If(ex(s.cond), _shift(s.then, offs), _shift(s.orelse, offs))
+        elif isinstance(s, Prefetch):
+            idx = ex(s.index)
+            s = replace(s, index=add(idx, offs[s.buf]) if s.buf in offs else idx)
+        out.append(s)
+    return tuple(out)
