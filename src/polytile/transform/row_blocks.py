@@ -61,39 +61,33 @@ def block_rows(p: Program, plan: RowBlocks, *, static: Callable[[Program], Progr
     if not plan.sizes or not p.symbols:
         return rest(p)
     runs = [r for r in _runs(p) if any(k.contraction for k in r.kernels)]
-    blocked: dict[int, tuple[list[Kernel], list[Kernel], list[Buffer]]] = {}  # run start -> (before, after, bufs)
+    blocked: dict[int, tuple[_Run, list[Kernel], list[Buffer]]] = {}  # run start -> (run, its kernels, new buffers)
     for n, r in enumerate(runs):
         try:
-            blocked[r.start] = _block(p, r, plan.sizes, static, tag=f"r{n}")
-        except (Unsupported, RuntimeError) as e:  # the run keeps its plain nests
+            blocked[r.start] = (r, *_block(p, r, plan.sizes, static, tag=f"r{n}"))
+        except (Unsupported, RuntimeError, AssertionError) as e:  # the run keeps its plain nests (a verifier
+            # error or a pass's failure on the block program included: blocking is an optimization)
             log.debug("polytile: rows of %s not blocked: %s", r.kernels[0].origin, e)
     if not blocked:
         return rest(p)
     rests: list[Kernel] = []
-    where: list[tuple[int, int]] = []  # (position in rest's program, or -1 for a blocked kernel, index)
     extra: list[Buffer] = []
-    out_slots: list = []
-    starts = {r.start: r for r in runs if r.start in blocked}
+    slots: list[Kernel | int] = []  # a blocked run's kernel, or the position of a kernel in ``rests``
     i = 0
     while i < len(p.kernels):
-        r = starts.get(i)
-        if r is None:
-            out_slots.append(("rest", len(rests)))
+        if i not in blocked:
+            slots.append(len(rests))
             rests.append(p.kernels[i])
             i += 1
             continue
-        before, remainder, bufs = blocked[i]
+        r, kernels, bufs = blocked[i]
         extra += bufs
-        out_slots += [("fixed", k) for k in before]
-        for k in remainder:
-            out_slots.append(("rest", len(rests)))
-            rests.append(k)
+        slots += kernels
         i += len(r.kernels)
     q = rest(replace(p, kernels=tuple(rests), buffers=p.buffers + tuple(extra)))
     if len(q.kernels) != len(rests):
         raise RuntimeError("block_rows: the parametric schedule changed the number of kernels")
-    kernels = tuple(q.kernels[x] if tag == "rest" else x for tag, x in out_slots)
-    return replace(q, kernels=kernels)
+    return replace(q, kernels=tuple(q.kernels[x] if isinstance(x, int) else x for x in slots))
 
 
 # ------------------------------------------------------------------ finding runs
@@ -255,8 +249,9 @@ def _uses(e: Expr, names) -> bool:
 
 # ------------------------------------------------------------------ blocking one run
 def _block(p: Program, r: _Run, sizes: tuple[int, ...], static: Callable[[Program], Program],
-           tag: str) -> tuple[list[Kernel], list[Kernel], list[Buffer]]:
-    """(the cached and blocked kernels, the remainder kernels, the new buffers) of run ``r``."""
+           tag: str) -> tuple[list[Kernel], list[Buffer]]:
+    """(the kernels that replace run ``r``: row-invariant ones, then the blocks of each size and
+    the padded block of the rows left; the new buffers)."""
     bufs = {b.name: b for b in p.buffers}
     written = set()
     for k in r.kernels:
@@ -329,32 +324,34 @@ def _block(p: Program, r: _Run, sizes: tuple[int, ...], static: Callable[[Progra
                             origin=f"{B}-row blocks of " + first_k.origin, contraction=True))
         start = add(start, mul(count, c(B)))
         if last:  # the rows left, fewer than B: one block of B rows, copied in and out, zeros past them
-            pad, pad_bufs = _padded_block(tuple(raw), {b: (names[b], r.strides[b]) for b in offs}, r.rows, start, B,
-                                          f"{tag}pad")
+            read = {b for k in r.kernels for b in buffers_used(k)[0]}
+            pad, pad_bufs = _padded_block(tuple(raw), {b: (names[b], r.strides[b], b in read) for b in offs},
+                                          r.rows, start, B, f"{tag}pad")
             new_bufs += pad_bufs
             fixed.append(Kernel(f"{first_k.name}_rows_left", pad, origin="rows left of " + first_k.origin,
                                 contraction=True))
-    return fixed, [], new_bufs
+    return fixed, new_bufs
 
 
 def _padded_block(body: tuple[Stmt, ...], windows: dict, rows: Expr, start: Expr, B: int,
                   tag: str) -> tuple[tuple[Stmt, ...], list[Buffer]]:
     """The block program ``body`` run once on the rows from ``start`` to ``rows`` (fewer than B):
-    each windowed input's rows copied into a temp of B rows whose rows past them are zeros (any
-    value computed from them is finite or harmless, and an index read there is in range), each
-    windowed output's rows copied out of its temp."""
+    each windowed buffer the run reads (``windows``: name -> (its buffer in the block program,
+    row stride, read)) copied into a temp of B rows whose rows past them are zeros (any value
+    computed from them is finite or harmless, and an index read there is in range), each one
+    it writes copied out of its temp."""
     left = Op("sub", (rows, start), INDEX)
     temps = {b: f"{b}_{tag}" for b in windows}
-    bufs = [Buffer(temps[b], sb.dtype, B * st, "temp") for b, (sb, st) in windows.items()]
+    bufs = [Buffer(temps[b], sb.dtype, B * st, "temp") for b, (sb, st, _) in windows.items()]
     copy_in: list[Stmt] = []
     copy_out: list[Stmt] = []
     e = Var("pt_e")
-    for b, (sb, st) in windows.items():
+    for b, (sb, st, read) in windows.items():
         n = mul(left, c(st))
-        if sb.kind == "input":
+        if read:
             copy_in += [For("pt_e", c(0), n, (Store(temps[b], e, Load(b, add(mul(start, c(st)), e), sb.dtype)),)),
                         For("pt_e", n, c(B * st), (Store(temps[b], e, Const(0, sb.dtype)),))]
-        else:
+        if sb.kind == "output":
             copy_out.append(For("pt_e", c(0), n, (Store(b, add(mul(start, c(st)), e), Load(temps[b], e, sb.dtype)),)))
     run = tuple(copy_in) + rename_buffers(body, temps) + tuple(copy_out)
     return (If(Op("gt", (left, c(0)), "bool"), run),), bufs
