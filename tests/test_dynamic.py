@@ -203,8 +203,9 @@ def test_writes_proved_apart_with_symbolic_strides():
 
 
 def test_decoding_attention_runs_its_heads_in_parallel_when_the_cache_is_long(tmp_path):
-    """Structure (2 threads pinned): the attention's head loops are an OpenMP band whose use
-    is decided per call from the key length, and so is the copy of the cache."""
+    """Structure (2 threads pinned): the attention's head loops are an OpenMP band (a block of
+    keys per head is work enough), and the copy of the cache runs on the threads when the key
+    length of the call makes it large enough."""
     torch._dynamo.reset()
     f = torch.compile(_decode_attention, backend="polytile", options={"threads": 2, "dump_dir": str(tmp_path)})
     args = [torch.randn(1, 8, 1, 64), torch.randn(1, 8, 40, 64), torch.randn(1, 8, 1, 64),
@@ -216,5 +217,37 @@ def test_decoding_attention_runs_its_heads_in_parallel_when_the_cache_is_long(tm
     text = src.read_text()
     attention = text[text.index("/* attention"):]
     attention = attention[:attention.index("\n}\n")]
-    assert "#pragma omp parallel for collapse(" in attention and " if(" in attention
-    assert text.count("#pragma omp parallel for") >= 2
+    assert "#pragma omp parallel for collapse(" in attention
+    copies = text.replace(attention, "")
+    assert "#pragma omp parallel for" in copies and " if(" in copies
+
+
+def _prefill_attention(q, k, v, mask):
+    return (F.scaled_dot_product_attention(q, k, v, is_causal=True),
+            F.scaled_dot_product_attention(q, k, v, attn_mask=mask))
+
+
+@pytest.mark.parametrize("machine", [None, {"preset": "zen3"}, {"vector_bytes": 16}])
+def test_prefill_attention_runs_in_blocks_of_keys_at_every_length(machine):
+    """Queries and keys of one symbolic length (a prefill), causal and with a boolean mask that
+    hides every key of one query row (its output: eager's NaN), at lengths around the key
+    block (4 vectors: 64, 32 or 16 keys): the last block partial or full."""
+    torch._dynamo.reset()
+    f = torch.compile(_prefill_attention, backend="polytile", options={"fallback": False, "machine": machine})
+    st0 = polytile.stats()
+    for n in (2, 15, 16, 17, 63, 64, 65, 130):
+        q, k, v = (torch.randn(1, 3, n, 16) for _ in range(3))
+        mask = torch.rand(1, 1, n, n) > 0.3
+        mask[..., n // 2, :] = False
+        if n == 17:
+            k[0, 1, 5, 2] = float("inf")  # one head sees an infinite key
+        for t in (q, k, v, mask):
+            torch._dynamo.mark_dynamic(t, 2)
+        torch._dynamo.mark_dynamic(mask, 3)
+        out = f(q, k, v, mask)
+        ref = _prefill_attention(q, k, v, mask)
+        for o, r in zip(out, ref):
+            torch.testing.assert_close(o, r, rtol=1e-4, atol=1e-5, equal_nan=True)
+    st = polytile.stats()
+    assert st["graphs_compiled"] - st0["graphs_compiled"] == 1
+    assert st["eager_runs"] == st0["eager_runs"]

@@ -226,7 +226,8 @@ def _size_bound(f: For) -> bool:
     """Bounds that depend on size parameters only (no loop variable, no load): a band loop
     whose trip count is known when the kernel starts."""
     return all(isinstance(x, Const) or (isinstance(x, Var) and x.name.startswith(SIZE_PREFIX)) or
-               (isinstance(x, Op) and x.fn in ("add", "sub", "mul")) for e in (f.lo, f.hi) for x in walk_exprs(e))
+               (isinstance(x, Op) and x.fn in ("add", "sub", "mul", "floordiv", "minimum"))
+               for e in (f.lo, f.hi) for x in walk_exprs(e))
 
 
 def assign_omp(p: Program, *, threads: int, min_work: int) -> Program:

@@ -15,7 +15,7 @@ from typing import Any, Mapping
 
 from ... import counters as stats
 from ...affine.ir import buffers_used
-from ...affine.attention import online_softmax_nest
+from ...affine.attention import key_blocked_nest
 from ...codegen.c import UNIT_MARK, render
 from ...graph.symbols import is_symbolic
 from ...runtime.cache import discard
@@ -35,6 +35,7 @@ SINK_TILE = 512  # iterations of a sunk parallel loop's tile (interchange.sink_p
 # register tiles' rows in the blocks of a symbolic number of rows (``row_blocks``): large blocks,
 # then small ones for what they leave, the last of which runs padded
 ROW_BLOCK_TILES, ROW_BLOCK_TILES_LEFT = 8, 2
+ATTENTION_KEY_VECTORS = 4  # vectors of keys per block of an attention with symbolic sizes
 
 
 class CPUBackend(Backend):
@@ -46,8 +47,8 @@ class CPUBackend(Backend):
 
     def op_lowerings(self, machine: CPUMachine, options) -> dict:
         def attention(b, n):
-            if is_symbolic(n.shape, *(i.shape for i in n.inputs)):  # tiles need sizes: the plain nest
-                b.emit(n, online_softmax_nest(b, n))
+            if is_symbolic(n.shape, *(i.shape for i in n.inputs)):  # tiles need sizes: blocks of keys
+                b.emit(n, key_blocked_nest(b, n, ATTENTION_KEY_VECTORS * machine.lanes(4)))
                 return
             pack, main = lower_attention(b, n, machine, options.threads)
             if pack:  # the key-major form reads K and V in place when it can
