@@ -242,7 +242,8 @@ def rename_locals(body: tuple[Stmt, ...], m: dict[str, str]) -> tuple[Stmt, ...]
     out: list[Stmt] = []
     for s in body:
         if isinstance(s, For):
-            s = replace(s, var=m.get(s.var, s.var), lo=ex(s.lo), hi=ex(s.hi), body=rename_locals(s.body, m))
+            s = replace(s, var=m.get(s.var, s.var), lo=ex(s.lo), hi=ex(s.hi), body=rename_locals(s.body, m),
+                        reduce_arrays=tuple((m.get(a, a), n) for a, n in s.reduce_arrays))
         elif isinstance(s, Store):
             s = Store(m.get(s.buf, s.buf), ex(s.index), ex(s.value))
         elif isinstance(s, Let):

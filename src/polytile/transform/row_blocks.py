@@ -290,7 +290,7 @@ def _block(p: Program, r: _Run, sizes: tuple[int, ...], static: Callable[[Progra
                 ren[b.name] = f"{b.name}_{tag}b{B}"
                 made[b.name] = replace(b, name=ren[b.name], index=-1, static=False)
         body: list[Stmt] = []
-        mb = f"pt_{tag}_{B}"
+        mb = f"pt_rows{B}"  # (the same in every run: runs of one shape share one C function)
         first = add(start, mul(Var(mb), c(B)))
         offs = {b: mul(first, c(s)) for b, s in r.strides.items() if s > 0 and b not in local
                 and b in names and names[b].kind in ("input", "output")}
@@ -313,7 +313,7 @@ def _block(p: Program, r: _Run, sizes: tuple[int, ...], static: Callable[[Progra
                 fixed.append(replace(plain, body=kb))
                 continue
             kb = _rename_buffers(k.body, ren)
-            kb = rename_locals(kb, {x: f"{x}_k{j}" for x in declared_names(kb)})
+            kb = rename_locals(kb, _local_names(kb, j))
             raw += kb
             body += list(_shift(kb, offs))
         new_bufs += made.values()
@@ -355,6 +355,17 @@ def _padded_block(body: tuple[Stmt, ...], windows: dict, rows: Expr, start: Expr
             copy_out.append(For("pt_e", c(0), n, (Store(b, add(mul(start, c(st)), e), Load(temps[b], e, sb.dtype)),)))
     run = tuple(copy_in) + rename_buffers(body, temps) + tuple(copy_out)
     return (If(Op("gt", (left, c(0)), "bool"), run),), bufs
+
+
+def _local_names(body: tuple[Stmt, ...], j: int) -> dict[str, str]:
+    """New names for the locals of the ``j``-th kernel of a block program, which shares one C
+    function with its sibling kernels: each name suffixed with ``j``, and local arrays numbered
+    in order (fusion names them after the temps they replace, which differ between the runs
+    of two identical layers: numbered, the two runs' blocks render as one C function)."""
+    arrays = [s.name for s in walk_stmts(body) if isinstance(s, Alloc)]
+    m = {x: f"{x}_k{j}" for x in declared_names(body)}
+    m.update({a: f"a{n}_k{j}" for n, a in enumerate(dict.fromkeys(arrays))})
+    return m
 
 
 def _sub_program(r: _Run, bufs: dict, local: set, written: set, B: int) -> Program:
