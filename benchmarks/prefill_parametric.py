@@ -4,6 +4,7 @@ weights, vocabulary 4096) compiled with dynamic=True, eager vs polytile's parame
 (median of --rounds calls after a warm-up), logits compared with eager's.
 
     python benchmarks/prefill_parametric.py --lengths 32 100 200 --out benchmarks/results/prefill-zen4
+    (add --cache-weights for polytile's cache_weights option in both modes)
 """
 from __future__ import annotations
 
@@ -35,6 +36,7 @@ def main():
     ap.add_argument("--lengths", type=int, nargs="+", default=[32, 100, 200])
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--out", default="")
+    ap.add_argument("--cache-weights", action="store_true", help="polytile's cache_weights option (both modes)")
     a = ap.parse_args()
     torch.manual_seed(0)
     m = transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=4096, n_positions=1024)).eval()
@@ -42,7 +44,7 @@ def main():
     with torch.no_grad():
         for mode, opts in (("parametric", {"max_specializations": 0}), ("per-size", {"dynamic": "specialize"})):
             torch._dynamo.reset()
-            f = torch.compile(m, backend="polytile", dynamic=True, options=opts)
+            f = torch.compile(m, backend="polytile", dynamic=True, options=dict(opts, cache_weights=a.cache_weights))
             for n in a.lengths:
                 ids = torch.randint(0, 4096, (1, n))
                 t0 = time.perf_counter()
@@ -59,7 +61,8 @@ def main():
         host = {"cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
                 "torch": torch.__version__, "polytile_stats": {k: polytile.stats()[k] for k in
                                                                 ("parametric_graphs", "specialized_versions")}}
-        with open(os.path.join(a.out, "prefill.json"), "w") as fh:
+        name = "prefill-cache-weights.json" if a.cache_weights else "prefill.json"
+        with open(os.path.join(a.out, name), "w") as fh:
             json.dump({"host": host, "rows": rows}, fh, indent=1)
 
 

@@ -1,25 +1,26 @@
 """Kernels over a symbolic number of rows, run as static blocks of rows with the static
-pipeline's schedule (full tiles), and the rows left over as the plain parametric nests
-(partial tiles): index-set splitting of the rows loop, chosen at run time by the sizes.
+pipeline's schedule (full tiles), the rows left over as one zero-padded block (the partial
+tile): index-set splitting of the rows loop, with the block sizes chosen at run time.
 
-A kernel is *row-separable* when its root loop is a parallel loop over a symbolic extent R
-(the rows: tokens of a prompt, of a batch) and that loop's variable v appears only as a term
-``v * stride`` of buffer indices (a static stride per buffer), nothing else in the kernel
-being symbolic. Each of its buffers is then either *windowed* (stride > 0: row v reads or
-writes only its own ``stride`` elements, as any in-bounds access for every R implies) or
-static-sized and only read (a weight). A run of consecutive row-separable kernels over the
-same R, with one stride per buffer, computes every row from the same row of what it reads:
-any block of rows can be computed alone, in any order.
+A kernel is *row-separable* when its root loop (below loops of one iteration) is a parallel
+loop over a symbolic extent R (the rows: tokens of a prompt, of a batch) and that loop's
+variable v appears only as a term ``v * stride`` of buffer indices (a static stride per
+buffer), nothing else in the kernel being symbolic. Each of its buffers is then either
+*windowed* (stride > 0: row v reads or writes only its own ``stride`` elements, as any
+in-bounds access for every R implies) or static-sized and only read (a weight). A run of
+consecutive row-separable kernels over the same R, with one stride per buffer, computes every
+row from the same row of what it reads: any block of rows can be computed alone, in any order.
 
-For each block size B of ``RowBlocks.sizes`` (largest first) such a run becomes a static
-program over B rows (windowed buffers of B rows; temps only the run uses become temps of B
-rows), scheduled by the backend's static pipeline (``static``: fusion, register tiles,
-packing, parallel loops, cached packed weights), and is called in a loop over the blocks
-with every windowed access shifted by the block's first row. The blocks of each size cover
-as many rows as that size divides of what the larger ones left; the rows below the smallest
-size run the original nests from the first row left (scheduled by ``rest`` with every kernel
-that is not blocked). Runs without a contraction are not blocked (their plain nests are
-already as good: elementwise loops over rows)."""
+For each block size B of ``RowBlocks.sizes`` such a run becomes a static program over B rows
+(windowed buffers of B rows; temps only the run uses become temps of B rows), scheduled by the
+backend's static pipeline (``static``: fusion, register tiles, packing, parallel loops,
+cached packed weights). The largest size runs in a loop over the full blocks with every
+windowed access shifted by the block's first row; the rows those leave run once in the
+smallest size that holds them, their rows copied into temps padded with zeros and the
+results copied out. Kernels that read no row (a weight's panels packed for the largest size)
+run once per call before the blocks. Runs without a contraction are not blocked (their plain
+nests, scheduled by ``rest`` with every other kernel, are already as good: elementwise loops
+over rows)."""
 from __future__ import annotations
 
 import logging
@@ -250,8 +251,8 @@ def _uses(e: Expr, names) -> bool:
 # ------------------------------------------------------------------ blocking one run
 def _block(p: Program, r: _Run, sizes: tuple[int, ...], static: Callable[[Program], Program],
            tag: str) -> tuple[list[Kernel], list[Buffer]]:
-    """(the kernels that replace run ``r``: row-invariant ones, then the blocks of each size and
-    the padded block of the rows left; the new buffers)."""
+    """(the kernels that replace run ``r``: row-invariant ones, the blocks of the largest size,
+    then one padded block of the smallest size that holds the rows left; the new buffers)."""
     bufs = {b.name: b for b in p.buffers}
     written = set()
     for k in r.kernels:
@@ -264,14 +265,18 @@ def _block(p: Program, r: _Run, sizes: tuple[int, ...], static: Callable[[Progra
             rd, wr = buffers_used(k)
             users_outside |= rd | wr
     local = {b for b in r.strides if bufs[b].kind == "temp" and b not in users_outside and r.strides[b] > 0}
+    read = {b for k in r.kernels for b in buffers_used(k)[0]}
+    sizes = tuple(sorted(set(sizes), reverse=True))
     fixed: list[Kernel] = []
     new_bufs: list[Buffer] = []
-    shared: dict = {}  # a row-invariant kernel's body (its output renamed) -> the temp an earlier level made
-    start: Expr = c(0)
+    shared: dict = {}  # a row-invariant kernel's body (its output renamed) -> what an earlier size made
+    full = Op("floordiv", (r.rows, c(sizes[0])), INDEX)  # blocks of the largest size
+    start = mul(full, c(sizes[0]))
+    left = Op("sub", (r.rows, start), INDEX)
+    first_k = r.kernels[0]
+    pads: list[tuple[int, tuple[Stmt, ...]]] = []
     for level, B in enumerate(sizes):
-        last = level == len(sizes) - 1
-        raw: list[Stmt] = []  # the last level's block body before its shift (the rows left run it padded)
-        sub = _sub_program(r, bufs, local, written, B)
+        sub = _sub_program(r, bufs, local, written, B, invariant_static=level == 0)
         q = static(sub)
         q = replace(q, kernels=tuple(replace(k, cached=False) for k in q.kernels),
                     buffers=tuple(replace(b, kind="temp") if b.kind == "cache" else b for b in q.buffers))
@@ -282,6 +287,10 @@ def _block(p: Program, r: _Run, sizes: tuple[int, ...], static: Callable[[Progra
         params = {b.index for b in q.buffers if b.kind == "input" and bufs[b.name].static}
         kept = {k.name for k in cache_static_kernels(mark_static_inputs(
             replace(q, buffers=tuple(replace(b, static=False) for b in q.buffers)), params)).kernels if k.cached}
+        # the largest size runs when there is a full block or more rows left than the next size
+        # holds; a smaller one, at most as the padded block (made per call only then)
+        used = Op("gt", (r.rows, c(sizes[1])), "bool") if level == 0 and len(sizes) > 1 else \
+            Op("gt", (left, c(sizes[level + 1] if level + 1 < len(sizes) else 0)), "bool")
         names = {b.name: b for b in q.buffers}
         ren: dict[str, str] = {}
         made: dict[str, Buffer] = {}
@@ -289,58 +298,52 @@ def _block(p: Program, r: _Run, sizes: tuple[int, ...], static: Callable[[Progra
             if b.kind == "temp":
                 ren[b.name] = f"{b.name}_{tag}b{B}"
                 made[b.name] = replace(b, name=ren[b.name], index=-1, static=False)
-        body: list[Stmt] = []
-        mb = f"pt_rows{B}"  # (the same in every run: runs of one shape share one C function)
-        first = add(start, mul(Var(mb), c(B)))
-        offs = {b: mul(first, c(s)) for b, s in r.strides.items() if s > 0 and b not in local
-                and b in names and names[b].kind in ("input", "output")}
+        raw: list[Stmt] = []
         for j, k in enumerate(q.kernels):
             if k.name in invariant:
                 (out,) = buffers_used(k)[1]
                 key = (rename_buffers(k.body, {out: "_"}), names[out].size, k.name in kept)
-                if key in shared:  # the same panels as a larger block's: made whenever any block runs
+                if key in shared:  # the same panels as another size's: made whenever either runs
                     ren[out], at, plain = shared[key]
                     fixed[at] = plain
                     del made[out]
                     continue
                 if k.name in kept:
                     made[out] = replace(made[out], kind="cache")
-                kb = _rename_buffers(k.body, ren)
-                if k.name not in kept:  # made per call only when some block of this size runs
-                    kb = (If(Op("ge", (Op("sub", (r.rows, start), INDEX), c(1 if last else B)), "bool"), kb),)
                 plain = replace(k, name=f"{k.name}_{tag}b{B}", body=_rename_buffers(k.body, ren), cached=k.name in kept)
                 shared[key] = (ren[out], len(fixed), plain)
-                fixed.append(replace(plain, body=kb))
+                fixed.append(plain if k.name in kept else replace(plain, body=(If(used, plain.body),)))
                 continue
             kb = _rename_buffers(k.body, ren)
-            kb = rename_locals(kb, _local_names(kb, j))
-            raw += kb
-            body += list(_shift(kb, offs))
+            raw += rename_locals(kb, _local_names(kb, j))
         new_bufs += made.values()
-        count = Op("floordiv", (Op("sub", (r.rows, start), INDEX), c(B)), INDEX)
-        loop = For(mb, c(0), count, tuple(body))
-        first_k = r.kernels[0]
-        fixed.append(Kernel(f"{first_k.name}_rows{B}", (loop,),
-                            origin=f"{B}-row blocks of " + first_k.origin, contraction=True))
-        start = add(start, mul(count, c(B)))
-        if last:  # the rows left, fewer than B: one block of B rows, copied in and out, zeros past them
-            read = {b for k in r.kernels for b in buffers_used(k)[0]}
-            pad, pad_bufs = _padded_block(tuple(raw), {b: (names[b], r.strides[b], b in read) for b in offs},
-                                          r.rows, start, B, f"{tag}pad")
-            new_bufs += pad_bufs
-            fixed.append(Kernel(f"{first_k.name}_rows_left", pad, origin="rows left of " + first_k.origin,
-                                contraction=True))
+        windows = {b: (names[b], r.strides[b], b in read) for b, st in r.strides.items()
+                   if st > 0 and b not in local and b in names and names[b].kind in ("input", "output")}
+        if level == 0:
+            mb = f"pt_rows{B}"  # (the same in every run: runs of one shape share one C function)
+            offs = {b: mul(mul(Var(mb), c(B)), c(st)) for b, (_, st, _) in windows.items()}
+            fixed.append(Kernel(f"{first_k.name}_rows{B}", (For(mb, c(0), full, _shift(tuple(raw), offs)),),
+                                origin=f"{B}-row blocks of " + first_k.origin, contraction=True))
+        run, pad_bufs = _padded_block(tuple(raw), windows, left, start, B, f"{tag}pad{B}")
+        new_bufs += pad_bufs
+        pads.append((B, run))
+    # the rows left (fewer than the largest size): the smallest size that holds them, padded
+    chain: tuple[Stmt, ...] = ()
+    for B, run in pads[:0:-1]:
+        chain = (If(Op("le", (left, c(B)), "bool"), run, chain or pads[0][1]),)
+    chain = chain or pads[0][1]
+    fixed.append(Kernel(f"{first_k.name}_rows_left", (If(Op("gt", (left, c(0)), "bool"), chain),),
+                        origin="rows left of " + first_k.origin, contraction=True))
     return fixed, new_bufs
 
 
-def _padded_block(body: tuple[Stmt, ...], windows: dict, rows: Expr, start: Expr, B: int,
+def _padded_block(body: tuple[Stmt, ...], windows: dict, left: Expr, start: Expr, B: int,
                   tag: str) -> tuple[tuple[Stmt, ...], list[Buffer]]:
-    """The block program ``body`` run once on the rows from ``start`` to ``rows`` (fewer than B):
+    """The block program ``body`` run once on the ``left`` rows from row ``start`` (at most B):
     each windowed buffer the run reads (``windows``: name -> (its buffer in the block program,
     row stride, read)) copied into a temp of B rows whose rows past them are zeros (any value
     computed from them is finite or harmless, and an index read there is in range), each one
     it writes copied out of its temp."""
-    left = Op("sub", (rows, start), INDEX)
     temps = {b: f"{b}_{tag}" for b in windows}
     bufs = [Buffer(temps[b], sb.dtype, B * st, "temp") for b, (sb, st, _) in windows.items()]
     copy_in: list[Stmt] = []
@@ -353,8 +356,7 @@ def _padded_block(body: tuple[Stmt, ...], windows: dict, rows: Expr, start: Expr
                         For("pt_e", n, c(B * st), (Store(temps[b], e, Const(0, sb.dtype)),))]
         if sb.kind == "output":
             copy_out.append(For("pt_e", c(0), n, (Store(b, add(mul(start, c(st)), e), Load(temps[b], e, sb.dtype)),)))
-    run = tuple(copy_in) + rename_buffers(body, temps) + tuple(copy_out)
-    return (If(Op("gt", (left, c(0)), "bool"), run),), bufs
+    return tuple(copy_in) + rename_buffers(body, temps) + tuple(copy_out), bufs
 
 
 def _local_names(body: tuple[Stmt, ...], j: int) -> dict[str, str]:
@@ -368,13 +370,19 @@ def _local_names(body: tuple[Stmt, ...], j: int) -> dict[str, str]:
     return m
 
 
-def _sub_program(r: _Run, bufs: dict, local: set, written: set, B: int) -> Program:
+def _sub_program(r: _Run, bufs: dict, local: set, written: set, B: int, invariant_static: bool) -> Program:
+    """The run over B rows. ``invariant_static`` (the largest size): the static-sized buffers it
+    reads count as parameters, so that the static pipeline packs a weight's panels in a kernel
+    of their own, run once per call for all the blocks (and read in place: faster than packing
+    each panel in each block); else only the outer program's parameters do (the panels packed
+    inside the one padded block, as they are used)."""
     out: list[Buffer] = []
     n_in = n_out = 0
     for name in sorted(r.strides):
         b, s = bufs[name], r.strides[name]
         if s == 0:
-            out.append(Buffer(name, b.dtype, b.size, "input", n_in, static=True))  # the same for every row
+            out.append(Buffer(name, b.dtype, b.size, "input", n_in,
+                              static=invariant_static or (b.static and b.kind == "input")))
             n_in += 1
         elif name in local:
             out.append(Buffer(name, b.dtype, B * s, "temp"))

@@ -32,9 +32,9 @@ from .conv import lower_conv2d
 from .machine import CPUMachine, resolve
 
 SINK_TILE = 512  # iterations of a sunk parallel loop's tile (interchange.sink_parallel_loops)
-# register tiles' rows in the blocks of a symbolic number of rows (``row_blocks``): large blocks,
-# then small ones for what they leave, the last of which runs padded
-ROW_BLOCK_TILES, ROW_BLOCK_TILES_LEFT = 8, 2
+# register tiles' rows in the blocks of a symbolic number of rows (``row_blocks``): the largest
+# for the full blocks, the smallest that holds them for the rows those leave (padded)
+ROW_BLOCK_TILES = (8, 4, 2)
 ATTENTION_KEY_VECTORS = 4  # vectors of keys per block of an attention with symbolic sizes
 
 
@@ -77,7 +77,8 @@ class CPUBackend(Backend):
     def symbolic_passes(self, machine: CPUMachine, options) -> list[Pass]:
         """Programs with symbolic sizes: runs of kernels over a symbolic number of rows that hold
         a contraction run in static blocks of rows scheduled as static programs are
-        (``row_blocks``: blocks of 8 register tiles' rows, then of one tile's rows); the rest,
+        (``row_blocks``: blocks of 8 register tiles' rows, the rows they leave in one padded
+        block of 2, 4 or 8 tiles' rows); the rest,
         and the rows left over, as plain nests whose parallel loops with static extents sink
         below reductions (x @ W reads W's rows contiguously) and whose checked parallel loops
         run on the OpenMP threads."""
@@ -92,7 +93,7 @@ class CPUBackend(Backend):
             return rest
         static = shared_passes(o) + self.passes(machine, o)
         mr = tile_sizes(machine)[0]
-        plan = row_blocks.RowBlocks(sizes=(ROW_BLOCK_TILES * mr, ROW_BLOCK_TILES_LEFT * mr))
+        plan = row_blocks.RowBlocks(sizes=tuple(t * mr for t in ROW_BLOCK_TILES))
         return [("block_rows", lambda p: row_blocks.block_rows(
             p, plan, static=lambda q: run_pipeline(q, static, o), rest=lambda q: run_pipeline(q, rest, o)))]
 
