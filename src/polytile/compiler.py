@@ -13,6 +13,7 @@ from .dump import Dumper
 from .graph.attention import fuse_attention
 from .graph.builder import contiguous_strides
 from .graph.ir import Graph, format_graph, verify_graph
+from .graph.low_precision import widen
 from .graph.symbols import is_symbolic
 from .options import Options
 from .runtime.loader import TensorSpec
@@ -45,6 +46,7 @@ def compile_graph_ir(graph: Graph, input_specs: list[TensorSpec], options: Optio
         verify_graph(graph)
     if dumper:
         dumper.write("graph.txt", format_graph(graph))
+    graph = widen(graph)  # half-precision arithmetic in float32, rounded where eager rounds
     lowerings = backend.op_lowerings(machine, options)
     # the fused attention op exists only for targets that lower it
     if options.fusion and options.fuse_attention and "attention" in lowerings:

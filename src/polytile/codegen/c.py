@@ -11,6 +11,9 @@ from ..affine.ir import (INDEX, SIZE_PREFIX, Alloc, Assign, Const, Expr, Fail, F
 
 CTYPE = {"float32": "float", "float64": "double", "int64": "int64_t", "int32": "int32_t",
          "int16": "int16_t", "int8": "int8_t", "uint8": "uint8_t", "bool": "bool",
+         # half types are storage only (graph.low_precision): bfloat16's bits, converted by
+         # pt_bf16_f32 / pt_f32_bf16; float16 as GCC's _Float16 (C casts convert it)
+         "bfloat16": "uint16_t", "float16": "_Float16",
          # vectors (GCC vector extensions; aligned(4): loads and stores through them may be unaligned)
          "float32x4": "pt_f32x4", "float32x8": "pt_f32x8", "float32x16": "pt_f32x16"}
 
@@ -62,7 +65,9 @@ static inline pt_f32x{n} pt_exp_f32x{n}(pt_f32x{n} x) {{
   p = p * r + 5.0000001201E-1f;
   p = p * (r * r) + r + 1.0f;
 """ + _TIMES_2N
-_PRELUDE_TAIL = r"""static inline int64_t pt_floordiv_i(int64_t a, int64_t b) { if (b == 0) return 0; int64_t q = a / b; return (q * b != a && ((a < 0) != (b < 0))) ? q - 1 : q; }
+_PRELUDE_TAIL = r"""static inline float pt_bf16_f32(uint16_t h) { uint32_t u = (uint32_t)h << 16; float f; __builtin_memcpy(&f, &u, 4); return f; }
+static inline uint16_t pt_f32_bf16(float f) { uint32_t u; __builtin_memcpy(&u, &f, 4); if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0; u += 0x7fffu + ((u >> 16) & 1u); return (uint16_t)(u >> 16); }
+static inline int64_t pt_floordiv_i(int64_t a, int64_t b) { if (b == 0) return 0; int64_t q = a / b; return (q * b != a && ((a < 0) != (b < 0))) ? q - 1 : q; }
 static inline int64_t pt_mod_i(int64_t a, int64_t b) { if (b == 0) return 0; int64_t r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
 static inline int64_t pt_truncdiv_i(int64_t a, int64_t b) { return b == 0 ? 0 : a / b; }
 static inline int64_t pt_pow_i(int64_t a, int64_t e) { int64_t r = 1; if (e < 0) return a == 1 ? 1 : (a == -1 ? ((e & 1) ? -1 : 1) : 0); while (e) { if (e & 1) r *= a; a *= a; e >>= 1; } return r; }
@@ -258,6 +263,12 @@ OPS["exp2"] = lambda a, d, t: f"pt_exp2_f32x{lanes(d)}({a[0]})" if lanes(d) > 1 
 def const(v, dt: str) -> str:
     if dt == "bool":
         return "true" if v else "false"
+    if dt == "bfloat16":  # its bits
+        import torch
+
+        return f"((uint16_t){int(torch.tensor(float(v), dtype=torch.bfloat16).view(torch.int16).item()) & 0xFFFF:#06x})"
+    if dt == "float16":
+        return f"((_Float16){const(v, 'float32')})"
     if _isfloat(dt):
         v = float(v)
         if math.isnan(v):
@@ -282,9 +293,12 @@ def expr(e: Expr) -> str:
         return f"{e.buf}[{expr(e.index)}]"
     if e.fn == "cast":
         (x,) = e.args
+        v = f"pt_bf16_f32({expr(x)})" if x.dtype == "bfloat16" else expr(x)
         if e.dtype == "bool":
-            return f"(({expr(x)}) != 0)"
-        return f"(({CTYPE[e.dtype]})({expr(x)}))"
+            return f"(({v}) != 0)"
+        if e.dtype == "bfloat16":
+            return v if x.dtype == "bfloat16" else f"pt_f32_bf16((float)({v}))"
+        return f"(({CTYPE[e.dtype]})({v}))"
     tmpl = OPS.get(e.fn)
     if tmpl is None:
         raise NotImplementedError(f"C renderer has no template for scalar op {e.fn!r}")

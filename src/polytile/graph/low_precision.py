@@ -1,0 +1,56 @@
+"""bfloat16 and float16 as storage types: every op computes in float32 and rounds its result
+where eager PyTorch rounds it.
+
+Eager runs an op on half-precision tensors by computing in float32 ("opmath") and rounding
+the result to the half type; composite ops that keep float32 inside (layer norm, softmax)
+reach the graph already decomposed with their own casts. ``widen`` makes that explicit: an op
+with half-precision inputs or result reads each half input through a cast to float32, runs in
+float32, and its result is cast back to its half type. Views, inputs and casts stay as they
+are; a half constant (a scalar operand) enters float32 arithmetic unrounded, as eager's
+opmath applies a Python scalar. After fusion the round trip ``cast(cast(x, bfloat16), float32)`` stays in the fused
+code, so a fused kernel rounds exactly where eager's separate kernels do. Matmuls and
+convolutions read float32 operands (converted copies) and accumulate in float32, as eager's
+half-precision kernels do, then round once."""
+from __future__ import annotations
+
+from ..dtypes import LOW
+from .builder import GraphBuilder
+from .ir import Graph, Node, topo_nodes
+
+KEEP = ("input", "view", "cast")  # ops whose half-precision values need no float32 computation
+
+
+def widen(g: Graph) -> Graph:
+    """``g`` with its half-precision arithmetic in float32 (see the module docstring); ``g``
+    itself when it has no half-precision value."""
+    if not any(n.dtype in LOW for n in g.nodes):
+        return g
+    b = GraphBuilder()
+    new: dict[int, Node] = {}  # old node id -> its replacement (same dtype as the old node)
+
+    def wide(x: Node) -> Node:
+        y = new[x.id]
+        if y.dtype not in LOW:
+            return y
+        if y.op == "full":  # a scalar operand: eager applies it in float32, unrounded
+            return b.node("full", (), **{**dict(y.attrs), "dtype": "float32"})
+        return b.node("cast", (y,), dtype="float32")
+
+    for n in g.nodes:
+        ins = [new[i.id] for i in n.inputs]
+        attrs = dict(n.attrs)
+        if n.op == "input":
+            new[n.id] = n
+        elif n.op in KEEP or not (n.dtype in LOW or any(i.dtype in LOW for i in ins)):
+            same = all(x is y for x, y in zip(ins, n.inputs))
+            new[n.id] = n if same else b.node(n.op, ins, **attrs)
+        elif n.op == "full" and n.dtype in LOW:
+            new[n.id] = n  # (stored as a half value where it is materialized: rounded by the renderer)
+        elif n.op == "iota" and n.dtype in LOW:
+            new[n.id] = b.node("cast", (b.node(n.op, (), **{**attrs, "dtype": "float32"}),), dtype=n.dtype)
+        else:
+            out = b.node(n.op, [wide(i) if new[i.id].dtype in LOW else new[i.id] for i in n.inputs], **attrs)
+            new[n.id] = b.node("cast", (out,), dtype=n.dtype) if n.dtype in LOW else out
+    outputs = tuple(new[o.id] for o in g.outputs)
+    return Graph(g.inputs, outputs, topo_nodes(outputs, g.inputs))
+

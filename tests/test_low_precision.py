@@ -1,0 +1,105 @@
+"""bfloat16 and float16 graphs compiled (``graph.low_precision``): inputs, weights,
+intermediates and outputs in the half type, arithmetic in float32, rounding where eager
+rounds. Results against eager by the accuracy rule (multiplier 3 for the half types, the
+float64 reference where eager differs), special values included; no op falls back."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torchvision
+import transformers
+
+import polytile
+from polytile.accuracy import assert_accurate
+from polytile.dtypes import promote
+from polytile.graph.builder import GraphBuilder
+from polytile.graph.low_precision import widen
+
+from machines import NUMERIC
+
+HALF = (torch.bfloat16, torch.float16)
+
+
+def _no_fallback(fn):
+    st0 = polytile.stats()
+    out = fn()
+    st = polytile.stats()
+    assert dict(st["ops_fallen_back"]) == dict(st0["ops_fallen_back"])
+    assert st["eager_runs"] == st0["eager_runs"]
+    return out
+
+
+def _ops(x, y, w):
+    return (torch.exp(x) * y + 1.5, torch.relu(x @ w), x.sum(-1), torch.softmax(x, -1), (x > y).float(),
+            x.to(torch.float32) * 2, torch.where(x > 0, x, y).cumsum(0), torch.cat([x, y], 1)[:, ::3])
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+@pytest.mark.parametrize("preset", NUMERIC)
+def test_half_ops_match_eager(dtype, preset):
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    x, y, w = torch.randn(33, 40).to(dtype), torch.randn(33, 40).to(dtype), torch.randn(40, 24).to(dtype)
+    x[0, 0], x[1, 1], y[2, 2] = float("nan"), float("inf"), float("-inf")
+    f = torch.compile(_ops, backend="polytile", options={"fallback": False, "machine": {"preset": preset}})
+    out = _no_fallback(lambda: f(x, y, w))
+    ref = _ops(x, y, w)
+    for o, r in zip(out, ref):
+        assert o.dtype == r.dtype
+    assert_accurate(out, ref, lambda: _ops(x.double(), y.double(), w.double()), 1e-2)
+
+
+def test_elementwise_rounds_like_eager_bit_for_bit():
+    """add/mul/sub/div/max: eager computes each in float32 and rounds; so does the compiled code,
+    fused or not: the results are the same bits."""
+    torch._dynamo.reset()
+    torch.manual_seed(1)
+
+    def f(a, b):
+        return ((a + b) * a - b) / (b + 3.0), torch.maximum(a, b) * 0.1
+
+    for dtype in HALF:
+        a, b = torch.randn(1000).to(dtype), torch.randn(1000).to(dtype)
+        g = torch.compile(f, backend="polytile", options={"fallback": False})
+        for o, r in zip(g(a, b), f(a, b)):
+            assert torch.equal(o.view(torch.int16), r.view(torch.int16))
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+def test_half_models_match_eager_without_fallback(dtype):
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    gpt = transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=512, n_layer=2, n_embd=128, n_head=4))
+    gpt = gpt.eval().to(dtype)
+    ids = torch.randint(0, 512, (2, 24))
+    cnn = torchvision.models.resnet18(num_classes=10).eval().to(dtype)
+    img = torch.randn(2, 3, 48, 48).to(dtype)
+    with torch.no_grad():
+        f = torch.compile(gpt, backend="polytile")
+        out = _no_fallback(lambda: f(input_ids=ids).logits)
+        ref = gpt(input_ids=ids).logits
+        assert out.dtype == dtype
+        assert_accurate(out, ref, lambda: gpt.double()(input_ids=ids).logits, 1e-2)
+        g = torch.compile(cnn, backend="polytile")
+        out = _no_fallback(lambda: g(img))
+        ref = cnn(img)
+        assert_accurate(out, ref, lambda: cnn.double()(img.double()), 1e-2)
+
+
+def test_promotion_follows_torch():
+    for a, b in (("bfloat16", "float16"), ("bfloat16", "int64"), ("float16", "float32"), ("bool", "bfloat16"),
+                 ("float16", "float64"), ("uint8", "float16")):
+        assert promote(a, b) == str(torch.promote_types(getattr(torch, a), getattr(torch, b))).split(".")[1]
+
+
+def test_widen_computes_in_float32_and_rounds_each_result():
+    b = GraphBuilder()
+    x, y = b.input(0, (4,), "bfloat16"), b.input(1, (4,), "bfloat16")
+    s = b.ew("add", x, y)
+    g = widen(b.graph([b.ew("mul", s, 2.0), b.reshape(s, (2, 2))]))
+    ops = {n.op: n for n in g.nodes}
+    assert ops["add"].dtype == "float32" and ops["mul"].dtype == "float32"
+    assert [o.dtype for o in g.outputs] == ["bfloat16", "bfloat16"]
+    mul_in = ops["mul"].inputs[0]
+    assert mul_in.op == "cast" and mul_in.inputs[0].op == "cast" and mul_in.inputs[0].dtype == "bfloat16"
+    assert g.outputs[1].op == "view" and g.outputs[1].inputs[0].dtype == "bfloat16"
