@@ -6,6 +6,7 @@ import json
 import os
 
 import pytest
+import torch
 
 from polytile.bench import report, suite, zoo
 
@@ -52,8 +53,6 @@ def test_inductor_frozen_compiles_with_freezing(monkeypatch):
 
 
 def test_contraction_flops_counted():
-    import torch
-
     from polytile.bench.flops import contraction_gflop, peak_ms
 
     x, w = torch.randn(6, 7), torch.randn(5, 7)
@@ -77,3 +76,13 @@ def test_suite_on_small_models(name):
     r = suite.run_model(spec, batch=1, threads=2, rounds=2, time_budget_s=10, inductor=False)
     assert r.status == "pass", (r.status, r.accuracy, r.error, r.fallbacks)
     assert r.eager_ms > 0 and r.polytile_ms > 0 and r.compile_s > 0 and r.kernels > 0 and r.gflop > 0
+
+
+def test_build_in_a_half_type_converts_parameters_and_float_inputs():
+    """``bench models --dtype bfloat16``: the model and its floating-point inputs in that type,
+    integer inputs (token ids) unchanged."""
+    w = zoo.build(zoo.ModelSpec("huggingface", "DistilBertForMaskedLM", 1), dtype=torch.bfloat16)
+    assert {p.dtype for p in w.model.parameters()} == {torch.bfloat16}
+    tensors = [v for v in (*w.args, *w.kwargs.values()) if isinstance(v, torch.Tensor)]
+    assert tensors and all(t.dtype == torch.bfloat16 for t in tensors if t.is_floating_point())
+    assert any(not t.is_floating_point() for t in tensors)

@@ -24,6 +24,8 @@ def main(argv: list[str] | None = None) -> int:
     m.add_argument("--no-inductor", action="store_true")
     m.add_argument("--models-csv", default=None, help="default: ../shared/bench/models.csv")
     m.add_argument("--out", default="bench-out", help="folder for report.md, results.json, speedup.png")
+    m.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32",
+                   help="the models' parameters and inputs in this type (every system runs them so)")
     m.add_argument("--train", action="store_true",
                    help="training mode: gradients and SGD steps against eager, forward+backward step time")
     m.add_argument("--options", default=None, metavar="JSON",
@@ -141,8 +143,13 @@ def _bench_models(a, argv) -> int:
         env["polytile options"] = extra
     if a.train:
         env["mode"] = "training"
+    import torch
+
+    dtype = None if a.dtype == "float32" else getattr(torch, a.dtype)
+    if dtype is not None:
+        env["dtype"] = a.dtype
     results = suite.run_suite(specs, batch=a.batch, threads=a.threads, rounds=a.rounds, time_budget_s=a.budget,
-                              inductor=not a.no_inductor, on_result=save, options=extra, train=a.train)
+                              inductor=not a.no_inductor, on_result=save, options=extra, train=a.train, dtype=dtype)
     # again at the end, the larger kept (a reading taken while the host was busy is low)
     env[report.PEAK_KEY] = max(env[report.PEAK_KEY], round(fma_peak(a.threads) / 1e9, 1))
     paths = report.write_report(results, env, a.out, command)

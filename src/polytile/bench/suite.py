@@ -76,14 +76,15 @@ def time_systems(res: ModelResult, fns: dict, eager_once: float, rounds: int, ti
 
 
 def run_model(spec: zoo.ModelSpec, *, batch: int | None = None, threads: int = 2, rounds: int = 10,
-              time_budget_s: float = 60.0, inductor: bool = True, options: dict | None = None) -> ModelResult:
+              time_budget_s: float = 60.0, inductor: bool = True, options: dict | None = None,
+              dtype: torch.dtype | None = None) -> ModelResult:
     import polytile
 
     res = ModelResult(spec.suite, spec.name, batch or spec.batch)
     torch._dynamo.reset()
     polytile.reset_stats()
     try:
-        w = zoo.build(spec, batch)
+        w = zoo.build(spec, batch, dtype=dtype)
     except Exception as e:
         res.status, res.error = "fail_eager", "building the model: " + _short(e)
         return res
@@ -175,8 +176,12 @@ def environment() -> dict[str, Any]:
 
 def run_suite(specs: list[zoo.ModelSpec], *, batch: int | None = None, threads: int = 2, rounds: int = 10,
               time_budget_s: float = 60.0, inductor: bool = True, progress: bool = True,
-              on_result=None, options: dict | None = None, train: bool = False) -> list[ModelResult]:
-    """Every model of ``specs`` through ``run_model`` (or, with ``train``, ``train.run_train_model``)."""
+              on_result=None, options: dict | None = None, train: bool = False,
+              dtype: torch.dtype | None = None) -> list[ModelResult]:
+    """Every model of ``specs`` through ``run_model`` (or, with ``train``, ``train.run_train_model``);
+    ``dtype``: models and inputs in that floating-point type (inference only)."""
+    if dtype is not None and train:
+        raise ValueError("polytile bench: --dtype is for inference (not with --train)")
     from .train import run_train_model
 
     run = run_train_model if train else run_model
@@ -192,7 +197,7 @@ def run_suite(specs: list[zoo.ModelSpec], *, batch: int | None = None, threads: 
             bar.set_description(spec.name)
         try:
             r = run(spec, batch=batch, threads=threads, rounds=rounds, time_budget_s=time_budget_s,
-                          inductor=inductor, options=options)
+                    inductor=inductor, options=options, **({"dtype": dtype} if dtype is not None else {}))
         except Exception as e:  # never stop the suite
             r = ModelResult(spec.suite, spec.name, batch or spec.batch, status="fail_compile",
                             error=_short(e) + " | " + traceback.format_exc(limit=2).replace("\n", " ")[-200:])

@@ -111,9 +111,11 @@ def _timm(spec: ModelSpec, batch: int, gen: torch.Generator) -> Workload:
     return Workload(spec, model, (x,), {})
 
 
-def build(spec: ModelSpec, batch: int | None = None, seed: int = 0, dropout: bool = True) -> Workload:
+def build(spec: ModelSpec, batch: int | None = None, seed: int = 0, dropout: bool = True,
+          dtype: torch.dtype | None = None) -> Workload:
     """The model (in eval mode) and its inputs; ``dropout=False``: every dropout probability 0
-    (so that a model in train mode is deterministic)."""
+    (so that a model in train mode is deterministic); ``dtype``: the model's floating-point
+    parameters and inputs in that type (bfloat16, float16)."""
     torch.manual_seed(seed)
     gen = torch.Generator().manual_seed(seed)
     b = batch or spec.batch
@@ -127,4 +129,11 @@ def build(spec: ModelSpec, batch: int | None = None, seed: int = 0, dropout: boo
         for m in w.model.modules():
             if isinstance(m, torch.nn.Dropout):
                 m.p = 0.0
+    if dtype is not None:
+        def cast(x):
+            return x.to(dtype) if isinstance(x, torch.Tensor) and x.is_floating_point() else x
+
+        w.model = w.model.to(dtype)
+        w.args = tuple(cast(a) for a in w.args)
+        w.kwargs = {k: cast(v) for k, v in w.kwargs.items()}
     return w
