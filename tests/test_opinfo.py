@@ -509,6 +509,8 @@ _ADAPTIVE_MAX = ("the adaptive_max_pool2d rule handles only input sizes divisibl
                  "(uneven, overlapping windows are refused and ATen runs the op)")
 _TRANSPOSED = "the convolution rule refuses 3-d (transposed) convolution (aten.convolution runs in ATen)"
 _DTYPE = "polytile has no {} dtype: the _to_copy rule refuses (README: no complex dtypes)"
+_HALF = ("by default ops on half-precision tensors run in ATen (option half_types='compile' compiles them: "
+         "tests/test_low_precision.py)")
 KNOWN_FAILURES: dict[tuple[str, str], str | dict[int, str]] = {
     ("as_strided", "partial_views"): {
         1: "by design: storage_offset=0 on a view starting at storage offset 5 addresses storage before the "
@@ -519,6 +521,8 @@ KNOWN_FAILURES: dict[tuple[str, str], str | dict[int, str]] = {
         [0, 1, 2, 3, 4, 5, 6, 7, 12, 13, 14, 15, *range(20, 34)], _ADAPTIVE_MAX),
     ("nn.functional.conv_transpose3d", ""): _TRANSPOSED,
     ("nn.functional.conv3d", ""): "the convolution rule refuses 3-d convolution (aten.convolution runs in ATen)",
+    ("bfloat16", ""): _HALF,
+    ("half", ""): _HALF,
     ("cdouble", ""): _DTYPE.format("complex128"),
     ("cfloat", ""): _DTYPE.format("complex64"),
     ("chalf", ""): _DTYPE.format("complex32"),

@@ -83,6 +83,12 @@ def _example(node, gm, example_inputs, placeholders):
     return node.meta.get("val")
 
 
+def _half(node) -> bool:
+    """An op with a bfloat16 or float16 result or input (``Options.half_types``)."""
+    vals = [node.meta.get("val"), *(a.meta.get("val") for a in node.all_input_nodes)]
+    return any(getattr(v, "dtype", None) in (torch.bfloat16, torch.float16) for v in vals)
+
+
 def _fallback_reason(node) -> str:
     return str(node.target)
 
@@ -199,6 +205,8 @@ def _compile(gm: fx.GraphModule, example_inputs, options: Options, params: froze
                 cur = Segment(parametric=param)
         rule = LOWERINGS.get(node.target) if node.op == "call_function" else None
         err = None
+        if rule is not None and options.half_types == "aten" and _half(node):
+            rule, err = None, "bfloat16/float16: ATen's half-precision kernels (option half_types)"
         if rule is not None:
             mark = len(cur.inputs)
             try:
