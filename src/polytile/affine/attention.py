@@ -32,16 +32,23 @@ def score_step(b, step: tuple, s: Expr, masks: list[Node], bvars: list[Var], row
     return _f(fn, s, other)
 
 
-def online_softmax_nest(b, n: Node) -> list:
-    """The attention op ``n`` as one online-softmax nest per query row, key by key (any sizes,
-    symbolic ones included): the GPU backend's lowering, and the CPU's for symbolic sizes."""
+def _operands(n: Node):
+    """(q, kt, v, masks, batch dims, their loop variables, the variables that index K and V:
+    the head divided by the group size under grouped-query attention) of attention node ``n``."""
     q, kt, v, *masks = n.inputs
     bd = list(n.shape[:-2])
-    L, Dv = n.shape[-2:]
-    D, S = kt.shape[-2:]
     bvars = [Var(f"i{k}") for k in range(len(bd))]
     G = n.attr("kv_group", 1)
     kvvars = bvars if G == 1 else bvars[:-1] + [Op("floordiv", (bvars[-1], c(G)), INDEX)]
+    return q, kt, v, masks, bd, bvars, kvvars
+
+
+def online_softmax_nest(b, n: Node) -> list:
+    """The attention op ``n`` as one online-softmax nest per query row, key by key (any sizes,
+    symbolic ones included): the GPU backend's lowering, and the CPU's for symbolic sizes."""
+    q, kt, v, masks, bd, bvars, kvvars = _operands(n)
+    Dv = n.shape[-1]
+    D, S = kt.shape[-2:]
     l, j, d, e = Var("l"), Var("j"), Var("d"), Var("e")
     m, s, sc, x, mn, corr, p = (Var(name, F32) for name in ("m", "s", "sc", "x", "mn", "corr", "p"))
     x_of = sc
@@ -63,20 +70,7 @@ def online_softmax_nest(b, n: Node) -> list:
             parallel=True),
         Assign("m", mn),
     )
-    fill = Const(0.0 if n.attr("zero_empty") else math.nan, F32)
-    row = (
-        Let("m", F32, neg_inf),
-        Let("s", F32, Const(0.0, F32)),
-        Alloc("acc", F32, Dv),
-        For("e", c(0), c(Dv), (Store("acc", e, Const(0.0, F32)),), parallel=True),
-        For("j", c(0), c(S), key),
-        For("e", c(0), c(Dv), (b.store(n, bvars + [l, e], _f("where", _f("eq", s, Const(0.0, F32), dtype="bool"), fill,
-                                                             _f("div", acc, s))),), parallel=True),
-    )
-    nest = [For("l", c(0), c(L), row, parallel=True)]
-    for var, size in reversed(list(zip(bvars, bd))):
-        nest = [For(var.name, c(0), c(size), tuple(nest), parallel=True)]
-    return nest
+    return _rows(b, n, bd, bvars, (), (For("j", c(0), c(S), key),))
 
 
 def key_blocked_nest(b, n: Node, block: int) -> list:
@@ -84,13 +78,9 @@ def key_blocked_nest(b, n: Node, block: int) -> list:
     keys (any sizes, symbolic ones included): the scores of a block go to a local row, whose max,
     exponentials and sum are loops over the block, and the output row is rescaled once per
     block instead of once per key; the last block is partial (its loops end at the key count)."""
-    q, kt, v, *masks = n.inputs
-    bd = list(n.shape[:-2])
-    L, Dv = n.shape[-2:]
+    q, kt, v, masks, bd, bvars, kvvars = _operands(n)
+    Dv = n.shape[-1]
     D, S = kt.shape[-2:]
-    bvars = [Var(f"i{k}") for k in range(len(bd))]
-    G = n.attr("kv_group", 1)
-    kvvars = bvars if G == 1 else bvars[:-1] + [Op("floordiv", (bvars[-1], c(G)), INDEX)]
     l, jb, jj, d, e = Var("l"), Var("jb"), Var("jj"), Var("d"), Var("e")
     m, s, sc, x, mx, mn, corr, p, bs = (Var(name, F32) for name in ("m", "s", "sc", "x", "mx", "mn", "corr", "p",
                                                                     "bs"))
@@ -127,19 +117,29 @@ def key_blocked_nest(b, n: Node, block: int) -> list:
         )),
         Assign("m", mn),
     )
-    fill = Const(0.0 if n.attr("zero_empty") else math.nan, F32)
     blocks: Expr = Op("floordiv", (add(c(S), c(block - 1)), c(block)), INDEX)
     for step in n.attr("steps"):  # causal: no block past the row's last key (none before its first)
         if step[0] == "causal":
             last = Op("floordiv", (add(l, c(step[2] + block)), c(block)), INDEX)
             blocks = Op("minimum", (blocks, last), INDEX)
+    return _rows(b, n, bd, bvars, (Alloc("srow", F32, block),), (For("jb", c(0), blocks, keys),))
+
+
+def _rows(b, n: Node, bd: list, bvars: list[Var], local: tuple, keys: tuple) -> list:
+    """The nest over the batch dims and query rows l around ``keys`` (the loops over the keys,
+    updating the running max m, sum s and output row acc): its state set up, and the output
+    row written as acc / s (0 or NaN where no key was left, as the graph asks)."""
+    L, Dv = n.shape[-2:]
+    l, e, s = Var("l"), Var("e"), Var("s", F32)
+    acc = Load("acc", e, F32)
+    fill = Const(0.0 if n.attr("zero_empty") else math.nan, F32)
     row = (
         Let("m", F32, NEG_INF),
         Let("s", F32, Const(0.0, F32)),
         Alloc("acc", F32, Dv),
-        Alloc("srow", F32, block),
+        *local,
         For("e", c(0), c(Dv), (Store("acc", e, Const(0.0, F32)),), parallel=True),
-        For("jb", c(0), blocks, keys),
+        *keys,
         For("e", c(0), c(Dv), (b.store(n, bvars + [l, e], _f("where", _f("eq", s, Const(0.0, F32), dtype="bool"), fill,
                                                              _f("div", acc, s))),), parallel=True),
     )
