@@ -5,6 +5,8 @@ at compile time included, and give eager's results by the accuracy rule; the num
 compiles must stay bounded whatever sizes follow."""
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -223,15 +225,23 @@ def test_decoding_attention_runs_its_heads_in_parallel_when_the_cache_is_long(tm
 
 
 def _prefill_attention(q, k, v, mask):
+    n = q.shape[2]
+    i, j = torch.arange(n)[:, None], torch.arange(n)[None, :]
     return (F.scaled_dot_product_attention(q, k, v, is_causal=True),
-            F.scaled_dot_product_attention(q, k, v, attn_mask=mask))
+            F.scaled_dot_product_attention(q, k, v, attn_mask=mask),
+            # masks built from indices (as Hugging Face builds them): causal steps with offsets
+            F.scaled_dot_product_attention(q, k, v, attn_mask=j <= i),
+            F.scaled_dot_product_attention(q, k, v, attn_mask=i + 2 >= j),
+            F.scaled_dot_product_attention(q, k, v, attn_mask=j < i))
 
 
 @pytest.mark.parametrize("machine", [None, {"preset": "zen3"}, {"vector_bytes": 16}])
 def test_prefill_attention_runs_in_blocks_of_keys_at_every_length(machine):
-    """Queries and keys of one symbolic length (a prefill), causal and with a boolean mask that
-    hides every key of one query row (its output: eager's NaN), at lengths around the key
-    block (4 vectors: 64, 32 or 16 keys): the last block partial or full."""
+    """Queries and keys of one symbolic length (a prefill), causal, with a boolean mask that
+    hides every key of one query row (its output: eager's NaN), and with masks computed from
+    indices (rewritten into causal steps: offsets 0, 2 and -1, whose first row sees no key),
+    at lengths around the key block (4 vectors: 64, 32 or 16 keys): the last block partial
+    or full."""
     torch._dynamo.reset()
     f = torch.compile(_prefill_attention, backend="polytile", options={"fallback": False, "machine": machine})
     st0 = polytile.stats()
@@ -251,3 +261,20 @@ def test_prefill_attention_runs_in_blocks_of_keys_at_every_length(machine):
     st = polytile.stats()
     assert st["graphs_compiled"] - st0["graphs_compiled"] == 1
     assert st["eager_runs"] == st0["eager_runs"]
+
+
+def test_index_masks_with_symbolic_sizes_become_causal_offsets():
+    """The mask a model builds from two iotas (key index j along the last axis, query index i
+    along the one before) is recognized from its form when its size is symbolic."""
+    from polytile.graph.attention import causal_offset
+
+    s = Sym.symbol("s")
+    b = GraphBuilder()
+    j = b.reshape(b.iota(s, "int64"), (1, s))
+    i = b.reshape(b.iota(s, "int64"), (s, 1))
+    assert causal_offset(b.ew("le", j, i), "keep", -math.inf) == 0
+    assert causal_offset(b.ew("ge", b.ew("add", i, 3), j), "keep", -math.inf) == 3
+    assert causal_offset(b.ew("lt", j, i), "keep", -math.inf) == -1
+    assert causal_offset(b.ew("gt", j, i), "drop", -math.inf) == 0  # dropped: the keys after the row
+    assert causal_offset(b.ew("le", i, j), "keep", -math.inf) is None  # j >= i: not causal
+    assert causal_offset(b.ew("le", j, i), "keep", 0.0) is None  # a finite fill is not a mask

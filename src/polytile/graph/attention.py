@@ -180,6 +180,8 @@ def _leads_to_matmul(n: Node, depth: int = 8) -> bool:
 def causal_offset(mask: Node, kind: str, fill=None) -> int | None:
     """offset if the constant ``mask`` keeps exactly the keys j <= i + offset of every row."""
     a = evaluate(mask)
+    if a is None and kind in ("keep", "drop") and fill == -math.inf:  # symbolic sizes: from its form
+        return _compared_indices(mask, kind == "keep")
     if a is None or a.ndim < 2:
         return None
     a = a.reshape(-1, *a.shape[-2:])
@@ -202,6 +204,43 @@ def causal_offset(mask: Node, kind: str, fill=None) -> int | None:
     off = int(np.argmin(keep[0])) - 1 if not keep[0].all() else S - 1
     i, j = np.arange(L)[:, None], np.arange(S)[None, :]
     return off if np.array_equal(keep, j <= i + off) else None
+
+
+def _compared_indices(mask: Node, keep: bool) -> int | None:
+    """offset when ``mask`` (any sizes, symbolic ones included) is a comparison of the key index
+    j (an iota along the last axis) with the query index i (an iota along the one before) that
+    keeps exactly j <= i + offset (``keep``; else it marks the keys dropped)."""
+    fn = mask.op if keep else {"gt": "le", "ge": "lt", "lt": "ge", "le": "gt"}.get(mask.op)
+    if fn not in ("le", "lt", "ge", "gt") or len(mask.inputs) != 2:
+        return None
+    a, b = (_index_start(x) for x in mask.inputs)
+    if a is None or b is None:
+        return None
+    (axis_a, start_a), (axis_b, start_b) = a, b
+    if fn in ("ge", "gt"):  # b <= a, b < a: the same comparison the other way round
+        (axis_a, start_a), (axis_b, start_b) = (axis_b, start_b), (axis_a, start_a)
+        fn = "le" if fn == "ge" else "lt"
+    if (axis_a, axis_b) != (-1, -2):  # the key index must be the smaller side
+        return None
+    off = start_b - start_a  # j + start_a <= i + start_b
+    return off if fn == "le" else off - 1
+
+
+def _index_start(x: Node) -> tuple[int, int] | None:
+    """(axis, start) when ``x`` is an iota of step 1 (plus a constant) laid along one of the last
+    two axes (-1 or -2) of a view with every other axis of size 1."""
+    start = 0
+    if x.op == "add" and x.inputs[1].op == "full" and isinstance(x.inputs[1].attr("value"), int):
+        start, x = x.inputs[1].attr("value"), x.inputs[0]
+    if x.op != "view" or x.attr("offset") != 0 or x.inputs[0].op != "iota":
+        return None
+    it = x.inputs[0]
+    if it.attr("step") != 1 or not isinstance(it.attr("start"), int) or len(x.shape) < 2:
+        return None
+    along = [k for k, n in enumerate(x.shape) if n != 1]
+    if len(along) != 1 or x.attr("strides")[along[0]] != 1 or along[0] - len(x.shape) not in (-1, -2):
+        return None
+    return along[0] - len(x.shape), start + it.attr("start")
 
 
 def fuse_attention(g: Graph) -> Graph:
