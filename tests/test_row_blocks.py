@@ -120,3 +120,22 @@ def test_rows_that_mix_rows_run_unblocked_and_indices_stay_in_range():
 def test_sizes_divide_by_monomials():
     s, b = Sym.symbol("s"), Sym.symbol("b")
     assert (768 * s) // (64 * s) == 12 and (768 * s * b) // s == 768 * b and (64 * s + 128 * s * b) // (64 * s) == 1 + 2 * b
+
+
+def test_rows_of_a_concatenation_written_in_and_out_of_blocks():
+    """A concatenation whose parts come from a blocked run (a linear layer), from a scan over
+    the rows (not row-separable) and from an elementwise map: every size gives eager's result."""
+    torch._dynamo.reset()
+    torch.manual_seed(3)
+    lin = torch.nn.Linear(16, 24).eval()
+
+    def f(x):
+        return torch.cat([torch.cumsum(x, 0), torch.relu(lin(x)), x * 2], 1)
+
+    g = torch.compile(f, backend="polytile", dynamic=True, options={"max_specializations": 0, "fallback": False})
+    for n in (2, 29, 115):
+        x = torch.randn(n, 16)
+        with torch.no_grad():
+            assert_accurate(g(x), f(x), lambda: torch.cat([torch.cumsum(x.double(), 0), torch.relu(
+                lin.double()(x.double())), x.double() * 2], 1), 1e-5)
+            lin.float()

@@ -259,13 +259,16 @@ def _block(p: Program, r: _Run, sizes: tuple[int, ...], static: Callable[[Progra
         for s in walk_stmts(k.body):
             if isinstance(s, Store):
                 written.add(s.buf)
-    users_outside = set()
+    users_outside, written_outside = set(), set()
     for i, k in enumerate(p.kernels):
         if not r.start <= i < r.start + len(r.kernels):
             rd, wr = buffers_used(k)
             users_outside |= rd | wr
+            written_outside |= wr
     local = {b for b in r.strides if bufs[b].kind == "temp" and b not in users_outside and r.strides[b] > 0}
-    read = {b for k in r.kernels for b in buffers_used(k)[0]}
+    # what the padded block copies in: what the run reads, and what other kernels write part of
+    # (the other columns of a concatenation: the copy out writes whole rows back)
+    read = {b for k in r.kernels for b in buffers_used(k)[0]} | written_outside
     sizes = tuple(sorted(set(sizes), reverse=True))
     fixed: list[Kernel] = []
     new_bufs: list[Buffer] = []
