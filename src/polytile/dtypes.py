@@ -6,7 +6,8 @@ FLOATS = ("float32", "float64") + LOW
 INTS = ("int64", "int32", "int16", "int8", "uint8")
 ALL = FLOATS + INTS + ("bool",)
 
-ITEMSIZE = {"bfloat16": 2, "float16": 2, "float32": 4, "float64": 8, "int64": 8, "int32": 4, "int16": 2, "int8": 1, "uint8": 1, "bool": 1}
+ITEMSIZE = {"bfloat16": 2, "float16": 2, "float32": 4, "float64": 8, "int64": 8, "int32": 4, "int16": 2, "int8": 1,
+            "uint8": 1, "bool": 1}
 
 
 def is_float(dt: str) -> bool:
@@ -31,11 +32,6 @@ def promote(a: str, b: str) -> str:
         return other if other in ("float32", "float64") else low
     order = ["bool", "uint8", "int8", "int16", "int32", "int64", "float32", "float64"]
     return order[max(order.index(a), order.index(b))]
-
-
-def compute_type(dt: str) -> str:
-    """The type a value of ``dt`` is computed in (float32 for the half types)."""
-    return "float32" if dt in LOW else dt
 
 
 def from_torch(dt) -> str:

@@ -128,8 +128,8 @@ class Options:
     row_blocks: bool = True
     """With ``dynamic="parametric"``, CPU target: the kernels of a parametric graph over a
     symbolic number of rows that include a matmul run in static blocks of rows compiled as
-    static graphs are (fused, register-tiled, packed weights cached), the rows left over as
-    plain loops; False: plain loops for every row."""
+    static graphs are (fused, register-tiled, packed weights cached), the rows left over in
+    one zero-padded block; False: plain loops for every row."""
     target: str | None = None
     """The backend that compiles the graph (``"cpu"`` or ``"gpu"``, see ``polytile.backends``);
     None: the one for the device of the graph's inputs (``"gpu"`` for CUDA tensors)."""

@@ -7,8 +7,9 @@ reach the graph already decomposed with their own casts. ``widen`` makes that ex
 with half-precision inputs or result reads each half input through a cast to float32, runs in
 float32, and its result is cast back to its half type. Views, inputs and casts stay as they
 are; a half constant (a scalar operand) enters float32 arithmetic unrounded, as eager's
-opmath applies a Python scalar. After fusion the round trip ``cast(cast(x, bfloat16), float32)`` stays in the fused
-code, so a fused kernel rounds exactly where eager's separate kernels do. Matmuls and
+opmath applies a Python scalar. After fusion the round trip ``cast(cast(x, bfloat16),
+float32)`` stays in the fused code, so a fused kernel rounds exactly where eager's separate
+kernels do. Matmuls and
 convolutions read float32 operands (converted copies) and accumulate in float32, as eager's
 half-precision kernels do, then round once."""
 from __future__ import annotations
@@ -53,4 +54,3 @@ def widen(g: Graph) -> Graph:
             new[n.id] = b.node("cast", (out,), dtype=n.dtype) if n.dtype in LOW else out
     outputs = tuple(new[o.id] for o in g.outputs)
     return Graph(g.inputs, outputs, topo_nodes(outputs, g.inputs))
-

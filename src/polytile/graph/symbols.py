@@ -120,11 +120,6 @@ class Sym:
             return Sym.make(out, self.lower)
         raise SymbolicSize(f"({self}) // {other}")
 
-    def __rfloordiv__(self, other):
-        if isinstance(other, int) and other == 0:
-            return 0
-        raise SymbolicSize(f"{other} // ({self})")
-
     def __mod__(self, other):
         if isinstance(other, int) and other > 0 and all(k % other == 0 for m, k in self.terms if m):
             return dict(self.terms).get((), 0) % other

@@ -148,6 +148,12 @@ class NativeGraph:
         fn.restype = ctypes.c_int
         return fn
 
+    def _cache_for(self, args):
+        """(the cache the call's parameters select, whether the cached kernels must run into it)."""
+        if not self.cached_inputs:
+            return self._no_cache, False
+        return self.cache.select(tuple(args[i] for i in self.cached_inputs))
+
     def _refresh_cache(self, argv) -> int:
         """Run the cached kernels into the selected cache (under the lock); their error code."""
         err = self._refresh(argv, self.threads)
@@ -189,8 +195,7 @@ class NativeGraph:
                 for (shape, strides, dt), n in zip(self._out_make, self._out_bytes)]
         with self._lock:
             argv = self._argv
-            cache, stale = self.cache.select(tuple(args[i] for i in self.cached_inputs)) \
-                if self.cached_inputs else (self._no_cache, False)
+            cache, stale = self._cache_for(args)
             argv[:] = [*[t.data_ptr() for t in args], *[t.data_ptr() for t in outs], self.arena.data_ptr(),
                        cache.data_ptr()]
             err = self._refresh_cache(argv) if stale else 0
@@ -258,8 +263,7 @@ class SymbolicGraph(NativeGraph):
         sizes = self._sizes_type(*key)
         with self._lock:
             argv = self._argv
-            cache, stale = self.cache.select(tuple(args[i] for i in self.cached_inputs)) \
-                if self.cached_inputs else (self._no_cache, False)
+            cache, stale = self._cache_for(args)
             argv[:] = [*[t.data_ptr() for t in args], *[t.data_ptr() for t in outs], self.arena.data_ptr(),
                        cache.data_ptr(), ctypes.addressof(sizes)]
             err = self._refresh_cache(argv) if stale else 0

@@ -29,12 +29,12 @@ from typing import Callable
 
 from ..affine.ir import (SIZE_PREFIX, Alloc, Assign, Buffer, Const, Expr, For, If, Kernel, Let, Load, Op, Prefetch,
                          Program, Stmt, Store, Var, add, buffers_used, c, mul, rename_buffers, stmt_exprs, trip_count,
-                         walk_exprs, walk_stmts, INDEX)
-from ..affine.linear import linear_form, to_expr
+                         walk_stmts, INDEX)
+from ..affine.linear import linear_form, to_expr, uses_var
 from ..dtypes import Unsupported
 from ..graph.symbols import Sym
 from .cache_static import cache_static_kernels, mark_static_inputs
-from .fusion_util import declared_names, map_expr, map_stmt_exprs, rename_locals, subst_vars
+from .fusion_util import declared_names, map_expr, rename_locals, subst_vars
 
 log = logging.getLogger("polytile")
 
@@ -114,7 +114,7 @@ def _runs(p: Program) -> list[_Run]:
 
 
 def _separable(k: Kernel, sizes: dict) -> tuple[Expr, dict] | None:
-    f = _rows_loop(k)
+    f = _unit_chain(k)[1]
     if f is None:
         return None
     rows = _sym(f.hi)
@@ -126,7 +126,7 @@ def _separable(k: Kernel, sizes: dict) -> tuple[Expr, dict] | None:
     def access(buf: str, index: Expr) -> bool:
         lf = linear_form(index)
         if lf is None:  # an indirect or non-affine index: v may not appear in it
-            return not _uses(index, {v}) and scan(index)
+            return not uses_var(index, v) and scan(index)
         coefs, _ = lf
         if any(x.startswith(SIZE_PREFIX) for x in coefs):
             return False
@@ -152,7 +152,7 @@ def _separable(k: Kernel, sizes: dict) -> tuple[Expr, dict] | None:
             if isinstance(s, Store) and not scan(s.value):
                 return None
         elif isinstance(s, Store):  # a local array: its index may not use v
-            if _uses(s.index, {v}) or not scan(s.index) or not scan(s.value):
+            if uses_var(s.index, v) or not scan(s.index) or not scan(s.value):
                 return None
         elif isinstance(s, Prefetch):
             continue
@@ -174,56 +174,38 @@ def _separable(k: Kernel, sizes: dict) -> tuple[Expr, dict] | None:
     return f.hi, strides
 
 
-def _rows_loop(k: Kernel) -> For | None:
-    """The kernel's root loop, or the first loop of more than one iteration in a perfect chain
-    of loops from it (a tensor [1, s, d] has a loop of one iteration around its rows)."""
+def _unit_chain(k: Kernel) -> tuple[list[For], For | None]:
+    """(the loops of one iteration from the kernel's root loop down, the first loop below them:
+    its rows loop, or None) of a perfect chain (a tensor [1, s, d] has a loop of one iteration
+    around its rows)."""
     if k.cached or len(k.body) != 1 or not isinstance(k.body[0], For):
-        return None
-    f = k.body[0]
-    while trip_count(f) == 1 and len(f.body) == 1 and isinstance(f.body[0], For):
+        return [], None
+    units, f = [], k.body[0]
+    while trip_count(f) == 1 and f.lo == c(0) and len(f.body) == 1 and isinstance(f.body[0], For):
+        units.append(f)
         f = f.body[0]
-    return f
+    return units, f
 
 
 def _unit_loops_zero(k: Kernel) -> Kernel:
     """``k`` with the variables of the one-iteration loops around its rows loop replaced by 0 in
     the indices, which are then rebuilt from their linear forms (``i0 * (768 * s)`` with i0
     always 0 drops out, and with it the size parameter)."""
-    f, zero = (k.body[0] if len(k.body) == 1 else None), {}
-    while isinstance(f, For) and trip_count(f) == 1 and f.lo == c(0) and len(f.body) == 1 and \
-            isinstance(f.body[0], For):
-        zero[f.var] = c(0)
-        f = f.body[0]
+    zero = {f.var: c(0) for f in _unit_chain(k)[0]}
     if not zero:
         return k
 
-    def norm(e: Expr) -> Expr:
-        e = subst_vars(e, zero)
-        lf = linear_form(e)
-        return to_expr(*lf) if lf is not None else e
+    def norm(_: str, e: Expr) -> Expr:
+        lf = linear_form(subst_vars(e, zero))
+        return to_expr(*lf) if lf is not None else subst_vars(e, zero)
 
-    def fix(x: Expr) -> Expr:
-        return Load(x.buf, norm(x.index), x.dtype) if isinstance(x, Load) else x
-
-    def stmts(body: tuple[Stmt, ...]) -> tuple[Stmt, ...]:
-        out = []
-        for s in map_stmt_exprs(body, fix):
-            if isinstance(s, (Store, Prefetch)):
-                s = replace(s, index=norm(s.index))
-            elif isinstance(s, For):
-                s = replace(s, body=stmts(s.body))
-            elif isinstance(s, If):
-                s = replace(s, then=stmts(s.then), orelse=stmts(s.orelse))
-            out.append(s)
-        return tuple(out)
-
-    return replace(k, body=stmts(k.body))
+    return replace(k, body=_map_indices(k.body, norm))
 
 
 def _with_rows(k: Kernel, hi: Expr) -> Kernel:
-    """``k`` with its rows loop (``_rows_loop``) running to ``hi``."""
+    """``k`` with its rows loop (``_unit_chain``) running to ``hi``."""
     def go(f: For) -> For:
-        if trip_count(f) == 1 and len(f.body) == 1 and isinstance(f.body[0], For):
+        if trip_count(f) == 1 and f.lo == c(0) and len(f.body) == 1 and isinstance(f.body[0], For):
             return replace(f, body=(go(f.body[0]),))
         return replace(f, hi=hi)
     return replace(k, body=(go(k.body[0]),))
@@ -244,21 +226,13 @@ def _sym(e: Expr):
     return None
 
 
-def _uses(e: Expr, names) -> bool:
-    return any(isinstance(x, Var) and x.name in names for x in walk_exprs(e))
-
-
 # ------------------------------------------------------------------ blocking one run
 def _block(p: Program, r: _Run, sizes: tuple[int, ...], static: Callable[[Program], Program],
            tag: str) -> tuple[list[Kernel], list[Buffer]]:
     """(the kernels that replace run ``r``: row-invariant ones, the blocks of the largest size,
     then one padded block of the smallest size that holds the rows left; the new buffers)."""
     bufs = {b.name: b for b in p.buffers}
-    written = set()
-    for k in r.kernels:
-        for s in walk_stmts(k.body):
-            if isinstance(s, Store):
-                written.add(s.buf)
+    written = {b for k in r.kernels for b in buffers_used(k)[1]}
     users_outside, written_outside = set(), set()
     for i, k in enumerate(p.kernels):
         if not r.start <= i < r.start + len(r.kernels):
@@ -313,11 +287,11 @@ def _block(p: Program, r: _Run, sizes: tuple[int, ...], static: Callable[[Progra
                     continue
                 if k.name in kept:
                     made[out] = replace(made[out], kind="cache")
-                plain = replace(k, name=f"{k.name}_{tag}b{B}", body=_rename_buffers(k.body, ren), cached=k.name in kept)
+                plain = replace(k, name=f"{k.name}_{tag}b{B}", body=rename_buffers(k.body, ren), cached=k.name in kept)
                 shared[key] = (ren[out], len(fixed), plain)
                 fixed.append(plain if k.name in kept else replace(plain, body=(If(used, plain.body),)))
                 continue
-            kb = _rename_buffers(k.body, ren)
+            kb = rename_buffers(k.body, ren)
             raw += rename_locals(kb, _local_names(kb, j))
         new_bufs += made.values()
         windows = {b: (names[b], r.strides[b], b in read) for b, st in r.strides.items()
@@ -325,7 +299,7 @@ def _block(p: Program, r: _Run, sizes: tuple[int, ...], static: Callable[[Progra
         if level == 0:
             mb = f"pt_rows{B}"  # (the same in every run: runs of one shape share one C function)
             offs = {b: mul(mul(Var(mb), c(B)), c(st)) for b, (_, st, _) in windows.items()}
-            fixed.append(Kernel(f"{first_k.name}_rows{B}", (For(mb, c(0), full, _shift(tuple(raw), offs)),),
+            fixed.append(Kernel(f"{first_k.name}_rows{B}", (For(mb, c(0), full, _map_indices(tuple(raw), lambda b, i: add(i, offs[b]) if b in offs else i)),),
                                 origin=f"{B}-row blocks of " + first_k.origin, contraction=True))
         run, pad_bufs = _padded_block(tuple(raw), windows, left, start, B, f"{tag}pad{B}")
         new_bufs += pad_bufs
@@ -399,29 +373,23 @@ def _sub_program(r: _Run, bufs: dict, local: set, written: set, B: int, invarian
     return Program(tuple(out), kernels)
 
 
-def _rename_buffers(body: tuple[Stmt, ...], m: dict[str, str]) -> tuple[Stmt, ...]:
-    return rename_buffers(body, m) if m else body
-
-
-def _shift(body: tuple[Stmt, ...], offs: dict[str, Expr]) -> tuple[Stmt, ...]:
-    """Every access of a buffer in ``offs`` moved by its offset."""
+def _map_indices(body: tuple[Stmt, ...], fn: Callable[[str, Expr], Expr]) -> tuple[Stmt, ...]:
+    """``body`` with the index of every access (load, store, prefetch) mapped by ``fn(buffer,
+    index)``, inner accesses first."""
     def ex(e: Expr) -> Expr:
-        return map_expr(e, lambda x: Load(x.buf, add(x.index, offs[x.buf]), x.dtype)
-                        if isinstance(x, Load) and x.buf in offs else x)
+        return map_expr(e, lambda x: Load(x.buf, fn(x.buf, x.index), x.dtype) if isinstance(x, Load) else x)
 
     out: list[Stmt] = []
     for s in body:
         if isinstance(s, For):
-            s = replace(s, lo=ex(s.lo), hi=ex(s.hi), body=_shift(s.body, offs))
+            s = replace(s, lo=ex(s.lo), hi=ex(s.hi), body=_map_indices(s.body, fn))
         elif isinstance(s, Store):
-            idx = ex(s.index)
-            s = Store(s.buf, add(idx, offs[s.buf]) if s.buf in offs else idx, ex(s.value))
+            s = Store(s.buf, fn(s.buf, ex(s.index)), ex(s.value))
         elif isinstance(s, (Let, Assign)):
             s = replace(s, value=ex(s.value))
         elif isinstance(s, If):
-            s = If(ex(s.cond), _shift(s.then, offs), _shift(s.orelse, offs))
+            s = If(ex(s.cond), _map_indices(s.then, fn), _map_indices(s.orelse, fn))
         elif isinstance(s, Prefetch):
-            idx = ex(s.index)
-            s = replace(s, index=add(idx, offs[s.buf]) if s.buf in offs else idx)
+            s = replace(s, index=fn(s.buf, ex(s.index)))
         out.append(s)
     return tuple(out)

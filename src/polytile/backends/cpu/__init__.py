@@ -78,10 +78,9 @@ class CPUBackend(Backend):
         """Programs with symbolic sizes: runs of kernels over a symbolic number of rows that hold
         a contraction run in static blocks of rows scheduled as static programs are
         (``row_blocks``: blocks of 8 register tiles' rows, the rows they leave in one padded
-        block of 2, 4 or 8 tiles' rows); the rest,
-        and the rows left over, as plain nests whose parallel loops with static extents sink
-        below reductions (x @ W reads W's rows contiguously) and whose checked parallel loops
-        run on the OpenMP threads."""
+        block of 2, 4 or 8 tiles' rows); the other kernels as plain nests whose parallel loops
+        with static extents sink below reductions (x @ W reads W's rows contiguously) and whose
+        checked parallel loops run on the OpenMP threads."""
         o = options
         rest = [
             ("sink_parallel_loops", lambda p: interchange.sink_parallel_loops(p, tile=SINK_TILE, workers=o.threads,

@@ -174,10 +174,10 @@ def _compile(gm: fx.GraphModule, example_inputs, options: Options, params: froze
     # output (a copy of the weight) is made at every call
     with_users: set = set()
     if symbolic:
+        param_nodes = {placeholders[k] for k in params if k < len(placeholders)}
         for node in reversed(gm.graph.nodes):
             if node.op == "call_function" and op_name(node) not in HEAVY and not symbolic_op(node) and all(
-                    a.op == "get_attr" or (a.op == "placeholder" and placeholders.index(a) in params)
-                    for a in node.all_input_nodes) and node.users and all(
+                    a.op == "get_attr" or a in param_nodes for a in node.all_input_nodes) and node.users and all(
                     u in with_users or (u.op == "call_function" and symbolic_op(u)) for u in node.users):
                 with_users.add(node)
     for node in gm.graph.nodes:

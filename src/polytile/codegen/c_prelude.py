@@ -1,0 +1,154 @@
+"""The C prelude every generated source starts with: the vector types, vector exp/exp2,
+lane masks, the register-pinning macro and the scalar helpers (integer division and modulo
+as Python's, bfloat16 conversions, erfinv) that the renderer's op templates (``codegen.c``)
+call."""
+from __future__ import annotations
+
+_PRELUDE_HEAD = r"""#include <stdint.h>
+#include <stdbool.h>
+#include <math.h>
+typedef float pt_f32x4 __attribute__((vector_size(16), aligned(4)));
+typedef float pt_f32x8 __attribute__((vector_size(32), aligned(4)));
+typedef float pt_f32x16 __attribute__((vector_size(64), aligned(4)));
+typedef int32_t pt_i32x4 __attribute__((vector_size(16)));
+typedef int32_t pt_i32x8 __attribute__((vector_size(32)));
+typedef int32_t pt_i32x16 __attribute__((vector_size(64)));
+#ifdef PT_LIBMVEC
+/* glibc's vector math library has SIMD variants of these: loops calling them vectorize */
+#define PT_SIMD __attribute__((simd("notinbranch")))
+float expf(float) PT_SIMD; float logf(float) PT_SIMD; float log1pf(float) PT_SIMD; float expm1f(float) PT_SIMD;
+float sinf(float) PT_SIMD; float cosf(float) PT_SIMD; float tanf(float) PT_SIMD; float tanhf(float) PT_SIMD;
+float erff(float) PT_SIMD; float asinf(float) PT_SIMD; float acosf(float) PT_SIMD; float atanf(float) PT_SIMD;
+float sinhf(float) PT_SIMD; float coshf(float) PT_SIMD; float exp2f(float) PT_SIMD; float log2f(float) PT_SIMD;
+float log10f(float) PT_SIMD; float powf(float, float) PT_SIMD; float atan2f(float, float) PT_SIMD;
+#endif
+"""
+
+# the end of the portable vector exp and exp2: p times 2^n built in the exponent bits (n = ni),
+# 0 below the range (lo), inf above it (hi), NaN kept
+_TIMES_2N = r"""  pt_i32x{n} top = ni > 127;  /* 2^128 is not a float: scale by 2^127, then by 2 */
+  pt_f32x{n} y = p * (pt_f32x{n})((ni + top + 127) << 23);
+  y = pt_sel_f32x{n}(top, y + y, y);
+  y = pt_sel_f32x{n}(lo, (pt_f32x{n}){{}}, y);
+  y = pt_sel_f32x{n}(hi, (pt_f32x{n}){{}} + INFINITY, y);
+  return pt_sel_f32x{n}(nan, x, y); }}
+"""
+# vector exp, one per vector width: Cody-Waite reduction to r in [-ln2/2, ln2/2], a degree-6
+# polynomial (Cephes expf's), times 2^n built in the exponent bits
+_VECTOR_EXP = r"""static inline pt_f32x{n} pt_sel_f32x{n}(pt_i32x{n} m, pt_f32x{n} a, pt_f32x{n} b) {{
+  return (pt_f32x{n})(((pt_i32x{n})a & m) | ((pt_i32x{n})b & ~m)); }}
+static inline pt_f32x{n} pt_exp_f32x{n}(pt_f32x{n} x) {{
+  /* max relative error 3e-7 (5 ulp); 0 below -87.33, inf above 88.72, NaN kept */
+  pt_i32x{n} lo = x < -87.33f, hi = x > 88.72f, nan = x != x;
+  pt_f32x{n} xc = pt_sel_f32x{n}(lo, (pt_f32x{n}){{}} - 87.33f, pt_sel_f32x{n}(hi, (pt_f32x{n}){{}} + 88.72f, x));
+  pt_f32x{n} t = xc * 1.44269504088896341f;
+  pt_f32x{n} half = (pt_f32x{n})(((pt_i32x{n})t & (int32_t)0x80000000) | 0x3f000000);
+  pt_i32x{n} ni = __builtin_convertvector(t + half, pt_i32x{n});
+  pt_f32x{n} nf = __builtin_convertvector(ni, pt_f32x{n});
+  pt_f32x{n} r = xc - nf * 0.693359375f;
+  r = r - nf * -2.12194440e-4f;
+  pt_f32x{n} p = r * 1.9875691500E-4f + 1.3981999507E-3f;
+  p = p * r + 8.3334519073E-3f; p = p * r + 4.1665795894E-2f; p = p * r + 1.6666665459E-1f;
+  p = p * r + 5.0000001201E-1f;
+  p = p * (r * r) + r + 1.0f;
+""" + _TIMES_2N
+_PRELUDE_TAIL = r"""static inline float pt_bf16_f32(uint16_t h) { uint32_t u = (uint32_t)h << 16; float f; __builtin_memcpy(&f, &u, 4); return f; }
+static inline uint16_t pt_f32_bf16(float f) { uint32_t u; __builtin_memcpy(&u, &f, 4); if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0; u += 0x7fffu + ((u >> 16) & 1u); return (uint16_t)(u >> 16); }
+static inline int64_t pt_floordiv_i(int64_t a, int64_t b) { if (b == 0) return 0; int64_t q = a / b; return (q * b != a && ((a < 0) != (b < 0))) ? q - 1 : q; }
+static inline int64_t pt_mod_i(int64_t a, int64_t b) { if (b == 0) return 0; int64_t r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
+static inline int64_t pt_truncdiv_i(int64_t a, int64_t b) { return b == 0 ? 0 : a / b; }
+static inline int64_t pt_pow_i(int64_t a, int64_t e) { int64_t r = 1; if (e < 0) return a == 1 ? 1 : (a == -1 ? ((e & 1) ? -1 : 1) : 0); while (e) { if (e & 1) r *= a; a *= a; e >>= 1; } return r; }
+static inline float pt_mod_f(float a, float b) { float r = fmodf(a, b); return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
+static inline double pt_mod_d(double a, double b) { double r = fmod(a, b); return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
+static inline double pt_opaque_d(double x) { __asm__("" : "+x"(x)); return x; }
+static inline float pt_erfinv_f(float y) {
+  /* Newton iterations on erf from a rational first guess (Giles' approximation). */
+  if (y == -1.0f) return -INFINITY; if (y == 1.0f) return INFINITY;
+  if (!(y > -1.0f && y < 1.0f)) return NAN;  /* outside the domain, and NaN */
+  double w = -log((1.0 - y) * (1.0 + y)), x;
+  if (w < 5.0) { w -= 2.5; x = 2.81022636e-08; x = 3.43273939e-07 + x*w; x = -3.5233877e-06 + x*w; x = -4.39150654e-06 + x*w; x = 0.00021858087 + x*w; x = -0.00125372503 + x*w; x = -0.00417768164 + x*w; x = 0.246640727 + x*w; x = 1.50140941 + x*w; }
+  else { w = sqrt(w) - 3.0; x = -0.000200214257; x = 0.000100950558 + x*w; x = 0.00134934322 + x*w; x = -0.00367342844 + x*w; x = 0.00573950773 + x*w; x = -0.0076224613 + x*w; x = 0.00943887047 + x*w; x = 1.00167406 + x*w; x = 2.83297682 + x*w; }
+  x *= y; for (int i = 0; i < 2; ++i) x -= (erf(x) - y) / (1.1283791670955126 * exp(-x * x));
+  return (float)x;
+}
+"""
+# vector 2^x: r = x - round(x) is exact (no Cody-Waite step), a degree-6 Taylor polynomial of
+# 2^r on [-1/2, 1/2], times 2^n built in the exponent bits, the ends as pt_exp's
+_VECTOR_EXP2 = r"""static inline pt_f32x{n} pt_exp2_f32x{n}(pt_f32x{n} x) {{
+  /* max relative error 3e-7; 0 below -126, inf above 128, NaN kept */
+  pt_i32x{n} lo = x < -126.0f, hi = x > 128.0f, nan = x != x;
+  pt_f32x{n} xc = pt_sel_f32x{n}(lo, (pt_f32x{n}){{}} - 126.0f, pt_sel_f32x{n}(hi, (pt_f32x{n}){{}} + 128.0f, x));
+  pt_f32x{n} half = (pt_f32x{n})(((pt_i32x{n})xc & (int32_t)0x80000000) | 0x3f000000);
+  pt_i32x{n} ni = __builtin_convertvector(xc + half, pt_i32x{n});
+  pt_f32x{n} r = xc - __builtin_convertvector(ni, pt_f32x{n});
+  pt_f32x{n} p = r * 1.5403530393381606e-4f + 1.3333558146428443e-3f;
+  p = p * r + 9.618129107628477e-3f; p = p * r + 5.550410866482158e-2f; p = p * r + 2.402265069591007e-1f;
+  p = p * r + 6.931471805599453e-1f; p = p * r + 1.0f;
+""" + _TIMES_2N
+# with AVX-512 the 16-lane exp clamps with max/min (NaN kept: they return their second operand
+# when one is NaN), rounds with vrndscaleps and scales by 2^n with vscalefps, which gives 0 and
+# inf at the ends of the range by itself (max relative error 1.2e-7 over [-87, 88.7], denormal
+# results as libm's): about half the instructions of the portable one, which matters because
+# the attention kernel takes the exp of every score (20% of its time with the portable one)
+_AVX512_EXP = r"""#if defined(__AVX512F__)
+#include <immintrin.h>
+static inline pt_f32x16 pt_exp_f32x16(pt_f32x16 x) {
+  __m512 xc = _mm512_min_ps(_mm512_set1_ps(100.0f), _mm512_max_ps(_mm512_set1_ps(-200.0f), (__m512)x));
+  __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(xc, _mm512_set1_ps(1.44269504088896341f)),
+                                  _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), xc);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_fmadd_ps(_mm512_set1_ps(1.9875691500E-4f), r, _mm512_set1_ps(1.3981999507E-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073E-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894E-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459E-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201E-1f));
+  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  return (pt_f32x16)_mm512_scalef_ps(p, n); }
+/* 2^x: no Cody-Waite step (r = x - round(x) is exact), degree-6 Taylor polynomial of 2^r on
+   [-1/2, 1/2] (relative error 1.2e-7 there); NaN kept, 0 and inf at the ends */
+static inline pt_f32x16 pt_exp2_f32x16(pt_f32x16 x) {
+  __m512 xc = _mm512_min_ps(_mm512_set1_ps(129.0f), _mm512_max_ps(_mm512_set1_ps(-200.0f), (__m512)x));
+  __m512 n = _mm512_roundscale_ps(xc, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_sub_ps(xc, n);
+  __m512 p = _mm512_fmadd_ps(_mm512_set1_ps(1.5403530393381606e-4f), r, _mm512_set1_ps(1.3333558146428443e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(9.618129107628477e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.550410866482158e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(2.402265069591007e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(6.931471805599453e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  return (pt_f32x16)_mm512_scalef_ps(p, n); }
+#else
+""" + _VECTOR_EXP.format(n=16) + _VECTOR_EXP2.format(n=16) + "#endif\n"
+# a vector that must stay in a register (op ``in_register``): an empty asm that claims to change
+# it keeps gcc from folding its load into every FMA that uses it (one 512-bit load per FMA: the
+# load port, not the FMA units, then sets the pace). Where the register class is unknown, a no-op.
+_IN_REGISTER = r"""#if defined(__x86_64__) && defined(__AVX512F__)
+#define PT_REG16(x) ({ pt_f32x16 _r = (x); __asm__("" : "+v"(_r)); _r; })
+#else
+#define PT_REG16(x) (x)
+#endif
+#if defined(__x86_64__) && defined(__AVX__)
+#define PT_REG8(x) ({ pt_f32x8 _r = (x); __asm__("" : "+v"(_r)); _r; })
+#else
+#define PT_REG8(x) (x)
+#endif
+#if defined(__x86_64__) && defined(__SSE2__)
+#define PT_REG4(x) ({ pt_f32x4 _r = (x); __asm__("" : "+x"(_r)); _r; })
+#elif defined(__aarch64__) && defined(__ARM_NEON)
+#define PT_REG4(x) ({ pt_f32x4 _r = (x); __asm__("" : "+w"(_r)); _r; })
+#else
+#define PT_REG4(x) (x)
+#endif
+"""
+# the lanes of v where the mask m is nonzero, zeros elsewhere (op ``keep_lanes``; bitwise, so
+# the zeros are exact whatever the dropped lanes held); the lanes of a where m is nonzero, of b
+# elsewhere (op ``pick_lanes``, bitwise too)
+_KEEP_LANES = "".join(
+    f"static inline pt_f32x{n} pt_keep_f32x{n}(pt_f32x{n} m, pt_f32x{n} v) {{\n"
+    f"  return (pt_f32x{n})((pt_i32x{n})(m != 0) & (pt_i32x{n})v); }}\n"
+    f"static inline pt_f32x{n} pt_pick_f32x{n}(pt_f32x{n} m, pt_f32x{n} a, pt_f32x{n} b) {{\n"
+    f"  pt_i32x{n} k = (pt_i32x{n})(m != 0);\n"
+    f"  return (pt_f32x{n})((k & (pt_i32x{n})a) | (~k & (pt_i32x{n})b)); }}\n" for n in (4, 8, 16))
+PRELUDE = (_PRELUDE_HEAD + "".join(_VECTOR_EXP.format(n=n) + _VECTOR_EXP2.format(n=n) for n in (4, 8)) + _AVX512_EXP
+           + _KEEP_LANES + _IN_REGISTER + _PRELUDE_TAIL)
