@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Iterator
 
+from ..dtypes import LOW
+
 INDEX = "int64"
 
 
@@ -79,6 +81,31 @@ def in_register(e: Expr) -> Op:
     """``e`` (a vector) kept in a register where it is used: rendered as the C prelude's PT_REG, so
     that the C compiler does not fold its load into each instruction that reads it."""
     return Op("in_register", (e,), e.dtype)
+
+
+def widening(e: Expr) -> bool:
+    """Whether ``e`` is a load of a half-precision element read as float32 (a contraction's
+    operand in bfloat16: converted where it is read, no float32 copy of the tensor)."""
+    return (isinstance(e, Op) and e.fn == "cast" and element_type(e.dtype) == "float32"
+            and isinstance(e.args[0], Load) and element_type(e.args[0].dtype) in LOW)
+
+
+def load_of(e: Expr) -> Expr:
+    """The load a widening read (``widening``) converts; ``e`` itself otherwise."""
+    return e.args[0] if widening(e) else e
+
+
+def reread(e: Expr, ld: Load) -> Expr:
+    """``e`` (a load, or a widening read of one) reading ``ld`` instead."""
+    return Op(e.fn, (ld,), e.dtype) if widening(e) else ld
+
+
+def as_vector(e: Expr, n: int) -> Expr:
+    """``e`` (a load, or a widening read of one) as the vector of its ``n`` consecutive elements."""
+    if widening(e):
+        return Op("cast", (as_vector(e.args[0], n),), vector_type(element_type(e.dtype), n))
+    assert isinstance(e, Load), e
+    return replace(e, dtype=vector_type(element_type(e.dtype), n))
 
 
 SIZE_PREFIX = "sz_"  # size symbols (``graph.symbols``) are index variables named sz_<symbol>

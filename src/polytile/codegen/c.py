@@ -17,7 +17,8 @@ CTYPE = {"float32": "float", "float64": "double", "int64": "int64_t", "int32": "
          # pt_bf16_f32 / pt_f32_bf16; float16 as GCC's _Float16 (C casts convert it)
          "bfloat16": "uint16_t", "float16": "_Float16",
          # vectors (GCC vector extensions; aligned(4): loads and stores through them may be unaligned)
-         "float32x4": "pt_f32x4", "float32x8": "pt_f32x8", "float32x16": "pt_f32x16"}
+         "float32x4": "pt_f32x4", "float32x8": "pt_f32x8", "float32x16": "pt_f32x16",
+         **{f"{t}x{n}": f"pt_{s}x{n}" for t, s in (("bfloat16", "bf16"), ("float16", "f16")) for n in (4, 8, 16)}}
 
 def _f(fname: str) -> Callable[[list[str], str], str]:
     """A libm function: float variant with the f suffix, double without, ints via double."""
@@ -143,6 +144,8 @@ def expr(e: Expr) -> str:
         if lanes(e.dtype) > 1:
             return f"(*(const {CTYPE[e.dtype]}*)&{e.buf}[{expr(e.index)}])"
         return f"{e.buf}[{expr(e.index)}]"
+    if e.fn == "cast" and lanes(e.dtype) > 1:
+        return _vector_cast(e)
     if e.fn == "cast":
         (x,) = e.args
         v = f"pt_bf16_f32({expr(x)})" if x.dtype == "bfloat16" else expr(x)
@@ -160,6 +163,19 @@ def expr(e: Expr) -> str:
         # operand goes through an empty asm, which it cannot see through (nor vectorize)
         args = [f"pt_opaque_d({x})" if _widened_float(a) else x for a, x in zip(e.args, args)]
     return tmpl(args, e.dtype, e.args[0].dtype)
+
+
+def _vector_cast(e: Op) -> str:
+    """A vector of a half type to float32 or back (contraction operands and temps)."""
+    (x,) = e.args
+    n, src, dst = lanes(e.dtype), x.dtype.rpartition("x")[0], e.dtype.rpartition("x")[0]
+    if (src, dst) == ("bfloat16", "float32"):
+        return f"pt_bf16_f32x{n}({expr(x)})"
+    if (src, dst) == ("float32", "bfloat16"):
+        return f"pt_f32_bf16x{n}({expr(x)})"
+    if {src, dst} == {"float16", "float32"}:
+        return f"__builtin_convertvector({expr(x)}, {CTYPE[e.dtype]})"
+    raise NotImplementedError(f"C renderer: no vector cast from {x.dtype} to {e.dtype}")
 
 
 _COMPARES = ("eq", "ne", "lt", "le", "gt", "ge")

@@ -150,5 +150,19 @@ _KEEP_LANES = "".join(
     f"static inline pt_f32x{n} pt_pick_f32x{n}(pt_f32x{n} m, pt_f32x{n} a, pt_f32x{n} b) {{\n"
     f"  pt_i32x{n} k = (pt_i32x{n})(m != 0);\n"
     f"  return (pt_f32x{n})((k & (pt_i32x{n})a) | (~k & (pt_i32x{n})b)); }}\n" for n in (4, 8, 16))
+# half-precision vectors (contraction operands read in place, ``affine.ir.widening``): bfloat16
+# as its bits, widened by a shift, narrowed with round-to-nearest-even and the canonical NaN as
+# the scalar pt_f32_bf16; float16 converted by the compiler (F16C's vcvtph2ps where present)
+_HALF_VECTORS = "".join(
+    f"typedef uint16_t pt_bf16x{n} __attribute__((vector_size({2 * n}), aligned(2)));\n"
+    f"typedef _Float16 pt_f16x{n} __attribute__((vector_size({2 * n}), aligned(2)));\n"
+    f"typedef uint32_t pt_u32x{n} __attribute__((vector_size({4 * n})));\n"
+    f"static inline pt_f32x{n} pt_bf16_f32x{n}(pt_bf16x{n} h) {{\n"
+    f"  return (pt_f32x{n})(__builtin_convertvector(h, pt_u32x{n}) << 16); }}\n"
+    f"static inline pt_bf16x{n} pt_f32_bf16x{n}(pt_f32x{n} f) {{\n"
+    f"  pt_u32x{n} u = (pt_u32x{n})f;\n"
+    f"  pt_u32x{n} nan = (pt_u32x{n})((u & 0x7fffffffu) > 0x7f800000u);\n"
+    f"  pt_u32x{n} r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;\n"
+    f"  return __builtin_convertvector((r & ~nan) | (0x7fc0u & nan), pt_bf16x{n}); }}\n" for n in (4, 8, 16))
 PRELUDE = (_PRELUDE_HEAD + "".join(_VECTOR_EXP.format(n=n) + _VECTOR_EXP2.format(n=n) for n in (4, 8)) + _AVX512_EXP
-           + _KEEP_LANES + _IN_REGISTER + _PRELUDE_TAIL)
+           + _KEEP_LANES + _HALF_VECTORS + _IN_REGISTER + _PRELUDE_TAIL)

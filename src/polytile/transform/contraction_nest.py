@@ -14,9 +14,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from ..affine.ir import (Assign, Const, Expr, For, If, Kernel, Let, Load, Op, Stmt, Store, Var, add, c, mul,
+from ..affine.ir import (Assign, Const, Expr, For, If, Kernel, Let, Load, Op, Stmt, Store, Var, add, c, load_of, mul,
                          trip_count, walk_exprs)
 from ..affine.linear import linear_form, to_expr
+from ..dtypes import LOW
 from .fusion_util import map_expr, subst_vars
 
 
@@ -35,6 +36,26 @@ class Nest:
     x: Load  # invariant in the j loops (packed too unless contiguous over the r loops)
     y: Load  # invariant in i
     store: Store
+
+    # the operands' values: the loads, or their float32 conversions where the operands are
+    # stored in a half type (a bfloat16 matmul reads them as they are, no float32 copies)
+    @property
+    def xv(self) -> Expr:
+        return _value(self.x)
+
+    @property
+    def yv(self) -> Expr:
+        return _value(self.y)
+
+
+def _value(ld: Load) -> Expr:
+    return Op("cast", (ld,), "float32") if ld.dtype in LOW else ld
+
+
+def _operand(e: Expr) -> Load | None:
+    """The load a product's factor reads (through a widening conversion or not), if affine."""
+    e = load_of(e)
+    return e if isinstance(e, Load) and linear_form(e.index) is not None else None
 
 
 def _uses(e: Expr, names) -> bool:
@@ -71,8 +92,8 @@ def match(k: Kernel) -> Nest | None:
     if not (isinstance(v, Op) and v.fn == "add" and v.args[0] == Var(let.name, "float32")
             and isinstance(v.args[1], Op) and v.args[1].fn == "mul"):
         return None
-    ops = v.args[1].args
-    if not all(isinstance(o, Load) and linear_form(o.index) is not None for o in ops):
+    ops = tuple(_operand(o) for o in v.args[1].args)
+    if not all(ops):
         return None
     for x, y in (ops, ops[::-1]):
         fx, fy = linear_form(x.index)[0], linear_form(y.index)[0]

@@ -15,8 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from ..affine.ir import (Alloc, Assign, Const, Expr, For, Kernel, Let, Load, Op, Stmt, Store, Var, add, c,
-                         mul, vector_type)
+from ..affine.ir import (Alloc, Assign, Const, Expr, For, Kernel, Let, Load, Op, Stmt, Store, Var, add, as_vector,
+                         c, mul, vector_type)
 from ..affine.linear import linear_form, to_expr
 from .contraction_nest import Nest, batch_index, decompose, epilogue_store, in_group, strides
 from .contraction_plan import KBlock
@@ -59,7 +59,7 @@ def dot_form(k: Kernel, n: Nest, M: int, N: int, K: int, buffers: list, machine:
     pk = new_temp(buffers, nbatch * N * K)
     rflat = to_expr({v: s for v, s in zip(rn, strides(n.rloops))}, 0)
     jdec = decompose(jn, n.jloops, Var("jt"))
-    pbody: Stmt = Store(pk, add(mul(add(mul(bl, c(N)), Var("jt")), c(K)), rflat), subst_vars(n.y, {**jdec, i: c(0)}))
+    pbody: Stmt = Store(pk, add(mul(add(mul(bl, c(N)), Var("jt")), c(K)), rflat), subst_vars(n.yv, {**jdec, i: c(0)}))
     for f in reversed(n.rloops):
         pbody = replace(f, body=(pbody,))
     pnest: Stmt = For("jt", c(0), c(N), (pbody,), parallel=True)
@@ -114,10 +114,10 @@ def _dot_nest(plan: DotPlan, rows: Span, cols: Span, kblock: KBlock | None = Non
     for y in range(nd):
         yi = add(mul(add(mul(bl, c(N)), add(col0, c(y))), c(K)), mul(Rg, c(vw)))
         inner.append(Let(f"yv{y}", vt, Load(pk, yi, vt)))
-    xr = in_group(n.x, rn, n.rloops, mul(Rg, c(vw)))
+    xr = in_group(n.xv, rn, n.rloops, mul(Rg, c(vw)))
     for x in range(md):
         xl = subst_vars(xr, {i: add(row0, c(x))})
-        inner.append(Let(f"xv{x}", vt, replace(xl, dtype=vt)))
+        inner.append(Let(f"xv{x}", vt, as_vector(xl, vw)))
         for y in range(nd):
             prod = Op("mul", (Var(f"xv{x}", vt), Var(f"yv{y}", vt)), vt)
             inner.append(Assign(accs[x][y], Op("add", (Var(accs[x][y], vt), prod), vt)))
@@ -136,7 +136,7 @@ def _dot_nest(plan: DotPlan, rows: Span, cols: Span, kblock: KBlock | None = Non
     ivar, jvar = add(row0, Var(ii)), add(col0, Var(jj))
     s = Var("dsum", "float32")
     lane = Var("ln")
-    xs = subst_vars(in_group(n.x, rn, n.rloops, Var(rr)), {i: ivar})
+    xs = subst_vars(in_group(n.xv, rn, n.rloops, Var(rr)), {i: ivar})
     ys = Load(pk, add(mul(add(mul(bl, c(N)), jvar), c(K)), Var(rr)), "float32")
     finish: list[Stmt] = [
         Let(s.name, "float32", Const(0.0, "float32")),

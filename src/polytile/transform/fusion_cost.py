@@ -8,7 +8,7 @@ use" and from "re-executes the producer inside a contraction's reduction loop".
 """
 from __future__ import annotations
 
-from ..affine.ir import Const, Expr, Load, Op, Var, walk_exprs
+from ..affine.ir import Const, Expr, Load, Op, Var, walk_exprs, widening
 
 OP_WEIGHT = {
     "exp": 16, "expm1": 16, "log": 16, "log1p": 16, "log2": 16, "tanh": 16, "erf": 16, "sigmoid": 16,
@@ -61,8 +61,10 @@ def inline_pays(value: Expr, reads_per_element: float, into_contraction: bool = 
     each element is read about once; otherwise when the recomputation stays within budget and
     the consumer is not a contraction (its operands must stay plain loads to be packed or
     vectorized: a batch norm + ReLU6 recomputed in a stride-2 depthwise convolution slows
-    MobileNetV2 down)."""
-    if reads_per_element <= 1.0 + 1e-9:
+    MobileNetV2 down). A half-precision element read as float32 is always recomputed: the
+    contraction reads it converted (``contraction_nest``), the conversion is a shift, and a
+    float32 copy would double the operand's traffic."""
+    if reads_per_element <= 1.0 + 1e-9 or widening(value):
         return True
     if reads_per_element > MAX_REUSE or into_contraction:
         return False

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from ..affine.ir import INDEX, Alloc, Const, Expr, For, If, Let, Load, Op, Stmt, Store, Var, add, c, mul, trip_count, \
-    walk_exprs
+from ..affine.ir import INDEX, Alloc, Const, Expr, For, If, Let, Load, Op, Stmt, Store, Var, add, as_vector, c, \
+    load_of, mul, reread, trip_count, walk_exprs
 from ..affine.linear import simplify_divmod, to_expr, uses_var
 from .contraction_nest import Nest, decompose
 from .contraction_sizes import chunk_start
@@ -71,7 +71,7 @@ class PanelPacker:
         W = trip_count(n.jloops[1])
         p0 = mul(Var(jo), c(nr))
         p1: Expr = Op("minimum", (add(p0, c(nr)), c(N)), INDEX) if guard else add(p0, c(nr))
-        val: Expr = subst_vars(n.y, {i: c(0)})
+        val: Expr = subst_vars(n.yv, {i: c(0)})
         if n.cond is not None:
             val = Op("where", (subst_vars(n.cond, {i: c(0)}), val, Const(0.0, "float32")), "float32")
         row = mul(Var(oh), c(W))
@@ -164,10 +164,11 @@ class PanelPacker:
         jj = self.jj
         if look is jdec or n.cond is None or n.y.buf not in sizes or not inner:
             return None
-        if not (isinstance(pv, Op) and pv.fn == "where" and isinstance(pv.args[1], Load)
-                and pv.args[1].buf == n.y.buf and isinstance(pv.args[2], Const)):
+        if not (isinstance(pv, Op) and pv.fn == "where" and isinstance(load_of(pv.args[1]), Load)
+                and load_of(pv.args[1]).buf == n.y.buf and isinstance(pv.args[2], Const)):
             return None
-        test_, ld = pv.args[0], pv.args[1]
+        test_, yv = pv.args[0], pv.args[1]
+        ld = load_of(yv)
         names = [f.var for f in inner]
         if any(uses_var(test_, v) for v in names):
             return None
@@ -185,10 +186,10 @@ class PanelPacker:
                                       Store("pok", Var(jj), Op("where", (test_, c(1), c(0)), INDEX)))))
         # the load unconditional (its address is inside Y on every lane), so that the lane
         # loop vectorizes to gathers and a select
-        val = Op("where", (Op("ne", (Load("pok", Var(jj), "int64"), c(0)), "bool"), Var("pv", ld.dtype),
+        val = Op("where", (Op("ne", (Load("pok", Var(jj), "int64"), c(0)), "bool"), Var("pv", yv.dtype),
                            pv.args[2]), pv.dtype)
         body: tuple[Stmt, ...] = (For(jj, c(0), c(nr), (
-            Let("pv", ld.dtype, replace(ld, index=add(Load("poff", Var(jj), "int64"), step_off))),
+            Let("pv", yv.dtype, reread(yv, replace(ld, index=add(Load("poff", Var(jj), "int64"), step_off)))),
             Store(buf, idx, val))),)
         for f in reversed(inner):
             body = (replace(f, body=body),)
@@ -231,12 +232,13 @@ class PanelPacker:
             # the panel row is nv vector copies (stride 2: even lanes of 2*nv loads), else the
             # element loop above
             at = look
-            y0 = subst_vars(subst_vars(n.y, {**at, i: c(0)}), {jj: c(0)})
+            y0v = subst_vars(subst_vars(n.yv, {**at, i: c(0)}), {jj: c(0)})
             if chunk is not None:
-                y0 = subst_vars(y0, {rn[0]: r0o})
+                y0v = subst_vars(y0v, {rn[0]: r0o})
+            y0 = load_of(y0v)
 
-            def part(off: int) -> Load:
-                return replace(y0, index=add(y0.index, c(off)), dtype=vt)
+            def part(off: int) -> Expr:
+                return as_vector(reread(y0v, replace(y0, index=add(y0.index, c(off)))), vw)
 
             def vals_at(off: int) -> list[Expr]:
                 if step == 1:
@@ -298,7 +300,7 @@ def panel_packer(plan: ContractionPlan, N: int, nv: int, fused: bool, sizes: dic
             for v, e in decompose(jn, n.jloops, add(mul(Var(jo), c(nr)), Var(jj))).items()}
     divmod_left = any(isinstance(x, Op) and x.fn in ("floordiv", "remainder")
                       for e in jdec.values() for x in walk_exprs(e))
-    pval: Expr = subst_vars(n.y, {**jdec, i: c(0)})
+    pval: Expr = subst_vars(n.yv, {**jdec, i: c(0)})
     if n.cond is not None:
         pval = Op("where", (subst_vars(n.cond, {**jdec, i: c(0)}), pval, Const(0.0, "float32")), "float32")
     pre: list[Stmt] = []
@@ -307,7 +309,7 @@ def panel_packer(plan: ContractionPlan, N: int, nv: int, fused: bool, sizes: dic
         pre = [Alloc(f"{v}_of", "int64", nr) for v in jn]
         pre.append(For(jj, c(0), c(nr), tuple(Store(f"{v}_of", Var(jj), jdec[v]) for v in jn)))
         look = {v: Load(f"{v}_of", Var(jj), "int64") for v in jn}
-        pval = subst_vars(n.y, {**look, i: c(0)})
+        pval = subst_vars(n.yv, {**look, i: c(0)})
         if n.cond is not None:
             pval = Op("where", (subst_vars(n.cond, {**look, i: c(0)}), pval, Const(0.0, "float32")), "float32")
     return PanelPacker(n, N, K, nr, nv, vw, vt, tail, fused, sizes, fy, jdec, look, pval, tuple(pre), divmod_left)

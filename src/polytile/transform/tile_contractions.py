@@ -32,6 +32,7 @@ from ..affine.linear import linear_form, to_expr
 from .contraction_nest import batch_into_columns, batch_index, contiguous, in_group, match, orient, strides
 from .contraction_plan import At, ContractionPlan, KBlock, Panels, RowMajor, XPack
 from .contraction_sizes import k_block, reduction_block, tile_sizes, wide_tile
+from ..dtypes import LOW
 from .dot_form import dot_form
 from .fusion_util import subst_vars
 from .panel_pack import panel_packer
@@ -192,7 +193,7 @@ def tile_contractions(p: Program, target: CPUMachine, prefetch: bool = True) -> 
         # the pack; nor with fewer than ALIASED_PACK_MIN_PANELS panels, whose copies cost less
         # than the (transposing) pack of X
         aliased = per_panel and not kc and nv == 2 and NJt >= ALIASED_PACK_MIN_PANELS and not n.batch \
-            and aliased_rows(in_group(n.x, rn, n.rloops, R), i, R, mr, target)
+            and aliased_rows(in_group(n.xv, rn, n.rloops, R), i, R, mr, target)
         if not contiguous(fx, rn, n.rloops) or aliased:
             # the row operand is strided along the reduction (a transposed A) or aliased: pack
             # it into Xp[bx][tile][R][mr] too, rows past M left out (the tail tile reads only
@@ -203,7 +204,7 @@ def tile_contractions(p: Program, target: CPUMachine, prefetch: bool = True) -> 
             xb = new_temp(buffers, nbx * mt * K * mr)
             row = add(mul(Var("it"), c(mr)), Var(ii))
             xidx = add(mul(add(mul(add(mul(xbl, c(mt)), Var("it")), c(K)), rflat), c(mr)), Var(ii))
-            xbody: Stmt = If(Op("lt", (row, c(M)), "bool"), (Store(xb, xidx, subst_vars(n.x, {i: row})),))
+            xbody: Stmt = If(Op("lt", (row, c(M)), "bool"), (Store(xb, xidx, subst_vars(n.xv, {i: row})),))
             xbody = For(ii, c(0), c(mr), (xbody,))
             for f in reversed(n.rloops):
                 xbody = replace(f, body=(xbody,))
@@ -293,6 +294,7 @@ def tile_contractions(p: Program, target: CPUMachine, prefetch: bool = True) -> 
         rows_outer = not per_panel and not kc and NJt * K * nr * 4 <= target.l2_bytes // 2
         tout = None
         if rows_outer and not n.batch and output_along_rows(n) and (M * 4) % OUT_ROWS_ALIAS == 0 \
+                and n.store.value.dtype in ("float32", *LOW) \
                 and M * N * 4 <= 2 * target.l2_bytes:
             # the output runs along the tile rows and its rows lie a multiple of 2 KB apart (at
             # most two L1 sets for all of them): raw tiles to a row-major temp, the epilogue

@@ -8,11 +8,12 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from ..affine.ir import (INDEX, Alloc, Assign, Const, Expr, For, If, Kernel, Let, Load, Op, Prefetch, Stmt, Store, Var,
-                        add, c, in_register, mul, vector_type, walk_exprs)
+                        add, as_vector, c, in_register, lanes, load_of, mul, vector_type, walk_exprs)
 from ..affine.linear import linear_form, uses_var
 from ..affine.transpose import transposed_block
 from .contraction_nest import Nest, epilogue_store, in_group
-from .contraction_plan import FLOAT_BYTES, At, ContractionPlan, KBlock, RowGroup, RowMajor, static_schedule
+from ..dtypes import ITEMSIZE, LOW
+from .contraction_plan import At, ContractionPlan, KBlock, RowGroup, RowMajor, static_schedule
 from .fusion_util import map_expr, subst_vars
 from .tile_util import when as _when
 
@@ -66,7 +67,7 @@ def copy_x_rows(plan: ContractionPlan, g: RowGroup, nv: int, kblock: KBlock | No
     for all the panels, or with ``kblock`` the block's columns (rows kc + a line apart); []
     when they are read in place."""
     n = plan.n
-    xr = in_group(n.x, [f.var for f in n.rloops], n.rloops, plan.R)
+    xr = in_group(n.xv, [f.var for f in n.rloops], n.rloops, plan.R)
     if not copies_rows(plan, xr, g.mr, nv):
         return []
     lo, kc = (c(0), plan.K) if kblock is None else (kblock.r0, kblock.kc)
@@ -184,7 +185,7 @@ def row_tiles(plan: ContractionPlan, g: RowGroup, nv: int, src: At, width: int, 
     # FMA otherwise, a 512-bit load per FMA; see codegen.c's PT_REG)
     pin = in_register if mr > 1 else (lambda e: e)
     inner: list[Stmt] = [Let(f"yv{y}", vt, pin(Load(src.buf, add(src.index, c(y * vw)), vt))) for y in range(nv)]
-    xr = in_group(n.x, rn, n.rloops, Rg)
+    xr = in_group(n.xv, rn, n.rloops, Rg)
     row0 = add(i0, mul(Var(io), c(mr)))
     chunked = kblock is None and isinstance(kc, int) and kc > 2 * SUM_CHUNK
     # X read in place with rows that share L1 sets: the tile's rows are copied, a chunk of the
@@ -273,7 +274,7 @@ def row_tiles(plan: ContractionPlan, g: RowGroup, nv: int, src: At, width: int, 
     epi = epilogue_store(n, value, ivar, jvar)
     if tout is not None:  # the finished values, row-major: ``out_kernel`` only moves them
         done.append(For(ii, c(0), c(mr), (For(jj, c(0), c(width), (
-            Store(tout.buf, add(mul(ivar, c(tout.cols)), jvar), epi.value),)),)))
+            Store(tout.buf, add(mul(ivar, c(tout.cols)), jvar), widened(epi.value)),)),)))
     elif output_along_rows(n):
         # the output runs along the tile's rows (a swapped orientation, see ``orient``): the
         # epilogue walks them innermost, a row segment of mr at a time
@@ -306,12 +307,13 @@ def aliased_rows(xr: Expr, i: str, R: Var, mr: int, machine: CPUMachine) -> bool
     span of one L1 way, 4 KB for 32 KB 8-way and 48 KB 12-way caches: K = 1024, 2048, 3072
     floats) that more than ``ALIAS_ROWS`` of a tile's mr rows map to one L1 set: their lines,
     one per row at a time, then evict each other before their 16 floats are used."""
+    xr = load_of(xr)
     if not isinstance(xr, Load):
         return False
     fs = linear_form(xr.index)
     if fs is None or fs[0].get(R.name, 0) != 1:
         return False
-    s = fs[0].get(i, 0) * FLOAT_BYTES
+    s = fs[0].get(i, 0) * ITEMSIZE[xr.dtype]
     sets: dict[int, int] = {}
     for x in range(mr):
         k = (x * s) % machine.l1_way_bytes // machine.cache_line
@@ -337,6 +339,7 @@ def next_rows_prefetch(xr: Expr, i: str, row0: Expr, mr: int, R: Var, Rg: Expr) 
     runs them once per cache line of reduction: X read in place streams mr rows at once from
     memory, which the hardware prefetchers follow poorly. Only where X is contiguous along the
     reduction."""
+    xr = load_of(xr)
     if not isinstance(xr, Load):
         return []
     fs = linear_form(xr.index)
@@ -369,9 +372,11 @@ def out_kernel(k: Kernel, n: Nest, tbuf: str, M: int, N: int, vw: int, line: int
     ``tbuf``) are written at a time, in order along them: ``line`` write streams, ``tbuf`` read
     once a line at a time (one output row at a time would read ``tbuf`` down its columns, one
     cache line per element)."""
+    odt = n.store.value.dtype  # (a half type: its values are exact in the float32 temp)
+
     def move(j: Expr) -> Stmt:
         idx = epilogue_store(n, Const(0.0, "float32"), Var("i"), j).index
-        return Store(n.store.buf, idx, Load(tbuf, add(mul(Var("i"), c(N)), j), "float32"))
+        return Store(n.store.buf, idx, narrowed(Load(tbuf, add(mul(Var("i"), c(N)), j), "float32"), odt))
 
     nb = N // line
     body: list[Stmt] = []
@@ -387,7 +392,7 @@ def out_kernel(k: Kernel, n: Nest, tbuf: str, M: int, N: int, vw: int, line: int
             vw, vt,
             lambda k: Load(tbuf, add(mul(add(mul(Var("ib"), c(vw)), c(k)), c(N)), j0), vt),
             lambda k, val: Store(n.store.buf, subst_vars(oidx, {"i": mul(Var("ib"), c(vw)), "j": add(j0, c(k))}),
-                                 val))
+                                 narrowed(val, odt)))
         body.append(For("jb", c(0), c(nb), (For("ib", c(0), c(M // vw), (
             For("tb", c(0), c(line // vw), tuple(reg)),)),), parallel=True))
     elif nb:
@@ -399,6 +404,18 @@ def out_kernel(k: Kernel, n: Nest, tbuf: str, M: int, N: int, vw: int, line: int
     return Kernel(f"{k.name}_out", tuple(body), f"epilogue of {k.origin}"[:160])
 
 
+def widened(v: Expr) -> Expr:
+    """A value of a half type as float32 (exact), for a float32 temp."""
+    return Op("cast", (v,), "float32") if v.dtype in LOW else v
+
+
+def narrowed(v: Expr, dtype: str) -> Expr:
+    """A float32 value (scalar or vector) from a temp back in the half type ``dtype`` it held."""
+    if dtype not in LOW:
+        return v
+    return Op("cast", (v,), vector_type(dtype, lanes(v.dtype)) if lanes(v.dtype) > 1 else dtype)
+
+
 def output_along_rows(n: Nest) -> bool:
     """Whether the nest's output is contiguous along its rows and not its columns (the
     orientation was swapped, see ``orient``): C^T tiles."""
@@ -406,7 +423,7 @@ def output_along_rows(n: Nest) -> bool:
     return fs is not None and fs[0].get("ii", 0) == 1 and fs[0].get("jj", 0) != 1
 
 
-def transposed_pack(dst: At, pval: Load, loops: tuple[str, str], K: int, nr: int, vw: int,
+def transposed_pack(dst: At, pval: Expr, loops: tuple[str, str], K: int, nr: int, vw: int,
                     cols: int | None = None) -> tuple[Stmt, ...]:
     """A panel of a Y that is contiguous along the reduction and strided along the columns
     (the transposed weight of a linear layer): blocks of vw reductions x nr columns go through
@@ -423,14 +440,14 @@ def transposed_pack(dst: At, pval: Load, loops: tuple[str, str], K: int, nr: int
     kb = K // vw
     w = nr if cols is None else cols
     head = subst_vars(pval, {r: mul(Var(rb), c(vw))})
-    load = replace(head, dtype=vt)
+    load = as_vector(head, vw)
     out: list[Stmt]
     if w % vw == 0 and vw & (vw - 1) == 0:
         # whole vw x vw blocks transposed in registers (affine.transpose)
         jb = "jb"
         reg = transposed_block(
             vw, vt,
-            lambda k: replace(subst_vars(head, {jj: add(mul(Var(jb), c(vw)), c(k))}), dtype=vt),
+            lambda k: as_vector(subst_vars(head, {jj: add(mul(Var(jb), c(vw)), c(k))}), vw),
             lambda k, val: Store(buf, subst_vars(idx, {r: add(mul(Var(rb), c(vw)), c(k)),
                                                        jj: mul(Var(jb), c(vw))}), val))
         out = [For(rb, c(0), c(kb), (For(jb, c(0), c(w // vw), tuple(reg)),))]
