@@ -125,3 +125,86 @@ def test_half_ops_run_in_aten_by_default():
     assert sum(st["ops_fallen_back"].values()) > sum(st0["ops_fallen_back"].values())
     with pytest.raises(ValueError, match="half_types"):
         polytile.options.Options.from_dict({"half_types": "always"})
+
+
+def _products(x, w, wt, a, b, img, k3):
+    """Contractions of every form the tiled code takes: a linear layer (x @ w.T: both operands
+    contiguous along the reduction), x @ W (W's reduction along its rows), a batched matmul, a
+    reduction of odd length, few rows, a padded 3x3 and a 1x1 convolution, with epilogues."""
+    return (torch.nn.functional.linear(x, w, w[:, 0]).relu(), x @ wt, torch.bmm(a, b),
+            x[:, :77] @ wt[:77], x[:5] @ wt, torch.nn.functional.conv2d(img, k3, padding=1),
+            torch.nn.functional.conv2d(img, k3[:, :, :1, :1]) * 2)
+
+
+def _product_inputs(dtype):
+    torch.manual_seed(2)
+    x, w, wt = torch.randn(70, 96), torch.randn(80, 96), torch.randn(96, 72)
+    a, b = torch.randn(3, 40, 64), torch.randn(3, 64, 36)
+    img, k3 = torch.randn(2, 16, 9, 11), torch.randn(24, 16, 3, 3)
+    x[3, 5], x[4, 6], wt[7, 8], a[0, 1, 2] = float("inf"), float("nan"), float("-inf"), float("inf")
+    return tuple(t.to(dtype) for t in (x, w, wt, a, b, img, k3))
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+@pytest.mark.parametrize("machine", [*({"preset": p} for p in NUMERIC),
+                                     {"preset": "zen4", "isa": ("avx512f", "avx512vl", "avx512bw", "fma")}],
+                         ids=[*NUMERIC, "zen4-no-bf16"])
+def test_half_contractions_match_eager(dtype, machine):
+    """Every contraction form reads its half-precision operands in place (bfloat16 pairs where
+    the description has AVX512_BF16, converted elsewhere) and matches eager, infinities and
+    NaN in the operands included."""
+    torch._dynamo.reset()
+    args = _product_inputs(dtype)
+    f = torch.compile(_products, backend="polytile", options={"fallback": False, "machine": machine, **COMPILE})
+    out = _no_fallback(lambda: f(*args))
+    ref = _products(*args)
+    for o, r in zip(out, ref):
+        assert o.dtype == r.dtype and torch.equal(o.isnan(), r.isnan()) and torch.equal(o.isinf(), r.isinf())
+    assert_accurate(out, ref, lambda: _products(*(t.double() for t in args)), 1e-2)
+
+
+def test_bf16_pair_emulation_gives_the_instruction_bits():
+    """Compiled without AVX512_BF16 (``-mno-avx512bf16``), the pair products run the C prelude's
+    emulation (the two exact products added to the lane in the instruction's order, odd element
+    first): its float32 sums are the bits ``vdpbf16ps`` gives on a host that has it (on one
+    without, both runs emulate), and both are accurate against float64."""
+    torch.manual_seed(3)
+    x, w = torch.randn(64, 1024).to(torch.bfloat16), torch.randn(96, 1024).to(torch.bfloat16)
+    x[1, 2] = float("inf")
+    base = polytile.options.Options().cflags
+    outs = []
+    for cflags in (base, base + ("-mno-avx512bf16",)):
+        torch._dynamo.reset()
+        opts = {"fallback": False, "machine": {"preset": "zen4"}, "cflags": cflags, **COMPILE}
+        outs.append(torch.compile(lambda x, w: x.float() @ w.float().T, backend="polytile", options=opts)(x, w))
+    assert torch.equal(outs[0], outs[1])
+    assert_accurate(outs[1], x.float() @ w.float().T, lambda: x.double() @ w.double().T, 1e-4)
+
+
+@pytest.mark.parametrize("bf16_dot", [True, False], ids=["avx512_bf16", "no-bf16"])
+def test_bf16_linear_reads_its_operands_in_place(bf16_dot):
+    """A bfloat16 linear layer on the pinned machine: no conversion kernel; with AVX512_BF16 the register tiles multiply pairs (``dot2`` of pair
+    loads, the reduction loop half as long), without it they convert the bfloat16 loads."""
+    from polytile.affine.build import build
+    from polytile.affine.ir import PAIR, Load, Op, stmt_exprs, walk_exprs, walk_stmts
+    from polytile.compiler import passes_for
+    from polytile.options import Options
+    from machines import pinned
+
+    b = GraphBuilder()
+    x, w = b.input(0, [128, 256], "bfloat16"), b.input(1, [96, 256], "bfloat16")
+    wt = b.node("view", (w,), offset=0, shape=(256, 96), strides=(1, 256))
+    g = widen(b.graph([b.matmul(x, wt)]))
+    isa = ("avx512f", "avx512vl", "avx512bw", "fma") + (("avx512_bf16",) if bf16_dot else ())
+    p = build(g)
+    for _, fn in passes_for(Options(threads=2, machine=pinned(isa=isa))):
+        p = fn(p)
+    assert all("matmul" in k.name for k in p.kernels)  # (its pack and itself: no conversion kernel)
+    exprs = [e for k in p.kernels for s in walk_stmts(k.body) for x in stmt_exprs(s) for e in walk_exprs(x)]
+    dots = [e for e in exprs if isinstance(e, Op) and e.fn == "dot2"]
+    pair_loads = {e.buf for e in exprs if isinstance(e, Load) and e.dtype.startswith(PAIR)}
+    casts = [e for e in exprs if isinstance(e, Op) and e.fn == "cast" and e.args[0].dtype.startswith("bfloat16")]
+    if bf16_dot:
+        assert dots and pair_loads == {"in0", "in1"} and not casts
+    else:
+        assert not dots and not pair_loads and casts

@@ -7,7 +7,8 @@ INTS = ("int64", "int32", "int16", "int8", "uint8")
 ALL = FLOATS + INTS + ("bool",)
 
 ITEMSIZE = {"bfloat16": 2, "float16": 2, "float32": 4, "float64": 8, "int64": 8, "int32": 4, "int16": 2, "int8": 1,
-            "uint8": 1, "bool": 1}
+            "uint8": 1, "bool": 1,
+            "bf16pair": 4}  # (two bfloat16 elements read as one: affine.ir.PAIR, inside contractions only)
 
 
 def is_float(dt: str) -> bool:

@@ -83,6 +83,20 @@ def in_register(e: Expr) -> Op:
     return Op("in_register", (e,), e.dtype)
 
 
+PAIR = "bf16pair"  # two consecutive bfloat16 elements as one 32-bit element, indexed in pairs
+# (a bfloat16 dot-product operand, ``transform.bf16_pairs``); read through ``pair_bits``
+
+
+def converted_read(e: Expr) -> bool:
+    """Whether ``e`` is a load read through a conversion (``widening``, or a pair's bits)."""
+    return widening(e) or (isinstance(e, Op) and e.fn == "pair_bits" and isinstance(e.args[0], Load))
+
+
+def element_index(ld: Load) -> Expr:
+    """The index of a load's first element in its buffer's elements."""
+    return mul(ld.index, c(2)) if element_type(ld.dtype) == PAIR else ld.index
+
+
 def widening(e: Expr) -> bool:
     """Whether ``e`` is a load of a half-precision element read as float32 (a contraction's
     operand in bfloat16: converted where it is read, no float32 copy of the tensor)."""
@@ -92,18 +106,18 @@ def widening(e: Expr) -> bool:
 
 def load_of(e: Expr) -> Expr:
     """The load a widening read (``widening``) converts; ``e`` itself otherwise."""
-    return e.args[0] if widening(e) else e
+    return e.args[0] if converted_read(e) else e
 
 
 def reread(e: Expr, ld: Load) -> Expr:
     """``e`` (a load, or a widening read of one) reading ``ld`` instead."""
-    return Op(e.fn, (ld,), e.dtype) if widening(e) else ld
+    return Op(e.fn, (ld,), e.dtype) if converted_read(e) else ld
 
 
 def as_vector(e: Expr, n: int) -> Expr:
     """``e`` (a load, or a widening read of one) as the vector of its ``n`` consecutive elements."""
-    if widening(e):
-        return Op("cast", (as_vector(e.args[0], n),), vector_type(element_type(e.dtype), n))
+    if isinstance(e, Op) and (converted_read(e) or e.fn == "pair_of"):
+        return Op(e.fn, tuple(as_vector(a, n) for a in e.args), vector_type(element_type(e.dtype), n))
     assert isinstance(e, Load), e
     return replace(e, dtype=vector_type(element_type(e.dtype), n))
 

@@ -5,8 +5,8 @@ import math
 import struct
 from typing import Callable
 
-from ..affine.ir import (SIZE_PREFIX, Alloc, Assign, Const, Expr, Fail, For, If, Let, Load, Op, Prefetch, Program,
-                         Stmt, Store, Var, buffers_used, kernel_size_params, lanes, rename_buffers, size_expr,
+from ..affine.ir import (PAIR, SIZE_PREFIX, Alloc, Assign, Const, Expr, Fail, For, If, Let, Load, Op, Prefetch, Program,
+                         Stmt, Store, Var, buffers_used, element_type, kernel_size_params, lanes, rename_buffers, size_expr,
                          structure_key, walk_exprs)
 from ..affine.transpose import interleave_mask
 from .c_prelude import PRELUDE
@@ -18,7 +18,9 @@ CTYPE = {"float32": "float", "float64": "double", "int64": "int64_t", "int32": "
          "bfloat16": "uint16_t", "float16": "_Float16",
          # vectors (GCC vector extensions; aligned(4): loads and stores through them may be unaligned)
          "float32x4": "pt_f32x4", "float32x8": "pt_f32x8", "float32x16": "pt_f32x16",
-         **{f"{t}x{n}": f"pt_{s}x{n}" for t, s in (("bfloat16", "bf16"), ("float16", "f16")) for n in (4, 8, 16)}}
+         **{f"{t}x{n}": f"pt_{s}x{n}" for t, s in (("bfloat16", "bf16"), ("float16", "f16")) for n in (4, 8, 16)},
+         # bfloat16 pairs (``affine.ir.PAIR``), read as the bits of floats
+         PAIR: "pt_pair", **{f"{PAIR}x{n}": f"pt_pairx{n}" for n in (4, 8, 16)}}
 
 def _f(fname: str) -> Callable[[list[str], str], str]:
     """A libm function: float variant with the f suffix, double without, ints via double."""
@@ -106,6 +108,9 @@ for _name in ("exp", "log", "log1p", "expm1", "sqrt", "sin", "cos", "tan", "tanh
 # whatever the dropped lanes held, inf and NaN included)
 OPS["keep_lanes"] = lambda a, d, t: f"pt_keep_f32x{lanes(d)}({a[0]}, {a[1]})"
 OPS["pick_lanes"] = lambda a, d, t: f"pt_pick_f32x{lanes(d)}({a[0]}, {a[1]}, {a[2]})"
+OPS["pair_bits"] = lambda a, d, t: a[0]  # (the load of a pair already reads a float's bits)
+OPS["pair_of"] = lambda a, d, t: f"pt_pair_of_x{lanes(d)}({a[0]}, {a[1]})" if lanes(d) > 1 else f"pt_pair_of({a[0]}, {a[1]})"
+OPS["dot2"] = lambda a, d, t: f"pt_dot2_f32x{lanes(d)}({a[0]}, {a[1]}, {a[2]})"
 OPS["in_register"] = lambda a, d, t: f"PT_REG{lanes(d)}({a[0]})" if lanes(d) in (4, 8, 16) else a[0]
 _scalar_exp = OPS["exp"]
 OPS["exp"] = lambda a, d, t: f"pt_exp_f32x{lanes(d)}({a[0]})" if lanes(d) > 1 else _scalar_exp(a, d, t)
@@ -140,6 +145,9 @@ def expr(e: Expr) -> str:
         return const(e.value, e.dtype)
     if isinstance(e, Var):
         return e.name
+    if isinstance(e, Load) and element_type(e.dtype) == PAIR:  # (indexed in pairs)
+        at = f"((const pt_pair*)({e.buf}))[{expr(e.index)}]"
+        return f"(*(const {CTYPE[e.dtype]}*)&{at})" if lanes(e.dtype) > 1 else at
     if isinstance(e, Load):
         if lanes(e.dtype) > 1:
             return f"(*(const {CTYPE[e.dtype]}*)&{e.buf}[{expr(e.index)}])"

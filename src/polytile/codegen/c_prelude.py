@@ -164,5 +164,37 @@ _HALF_VECTORS = "".join(
     f"  pt_u32x{n} nan = (pt_u32x{n})((u & 0x7fffffffu) > 0x7f800000u);\n"
     f"  pt_u32x{n} r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;\n"
     f"  return __builtin_convertvector((r & ~nan) | (0x7fc0u & nan), pt_bf16x{n}); }}\n" for n in (4, 8, 16))
+# bfloat16 pairs (``transform.bf16_pairs``): two consecutive elements read as the bits of one
+# float (may_alias: the buffer is uint16_t), two rows' elements paired by a pack (pt_pair_of),
+# and their dot product into float32 lanes: vdpbf16ps where the compiler targets AVX512_BF16,
+# else the same products (exact in float32) added in its order, odd element first
+_PAIRS = r"""typedef float pt_pair __attribute__((may_alias, aligned(2)));
+static inline float pt_pair_of(uint16_t a, uint16_t b) {
+  uint32_t u = (uint32_t)a | ((uint32_t)b << 16); float f; __builtin_memcpy(&f, &u, 4); return f; }
+""" + "".join(
+    f"typedef float pt_pairx{n} __attribute__((vector_size({4 * n}), may_alias, aligned(2)));\n"
+    f"static inline pt_f32x{n} pt_pair_of_x{n}(pt_bf16x{n} a, pt_bf16x{n} b) {{\n"
+    f"  return (pt_f32x{n})(__builtin_convertvector(a, pt_u32x{n}) | (__builtin_convertvector(b, pt_u32x{n}) << 16)); }}\n"
+    f"static inline pt_f32x{n} pt_dot2_emul_f32x{n}(pt_f32x{n} acc, float x, pt_f32x{n} y) {{\n"
+    f"  uint32_t u; __builtin_memcpy(&u, &x, 4);\n"
+    f"  pt_u32x{n} a = (pt_u32x{n}){{}} + u, b = (pt_u32x{n})y;\n"
+    f"  return acc + (pt_f32x{n})(a & 0xffff0000u) * (pt_f32x{n})(b & 0xffff0000u)\n"
+    f"             + (pt_f32x{n})(a << 16) * (pt_f32x{n})(b << 16); }}\n" for n in (4, 8, 16)) + r"""#if defined(__x86_64__) && defined(__AVX512BF16__)
+#include <immintrin.h>
+static inline pt_f32x16 pt_dot2_f32x16(pt_f32x16 acc, float x, pt_f32x16 y) {
+  return (pt_f32x16)_mm512_dpbf16_ps((__m512)acc, (__m512bh)_mm512_set1_ps(x), (__m512bh)y); }
+#else
+#define pt_dot2_f32x16 pt_dot2_emul_f32x16
+#endif
+#if defined(__x86_64__) && defined(__AVX512BF16__) && defined(__AVX512VL__)
+static inline pt_f32x8 pt_dot2_f32x8(pt_f32x8 acc, float x, pt_f32x8 y) {
+  return (pt_f32x8)_mm256_dpbf16_ps((__m256)acc, (__m256bh)_mm256_set1_ps(x), (__m256bh)y); }
+static inline pt_f32x4 pt_dot2_f32x4(pt_f32x4 acc, float x, pt_f32x4 y) {
+  return (pt_f32x4)_mm_dpbf16_ps((__m128)acc, (__m128bh)_mm_set1_ps(x), (__m128bh)y); }
+#else
+#define pt_dot2_f32x8 pt_dot2_emul_f32x8
+#define pt_dot2_f32x4 pt_dot2_emul_f32x4
+#endif
+"""
 PRELUDE = (_PRELUDE_HEAD + "".join(_VECTOR_EXP.format(n=n) + _VECTOR_EXP2.format(n=n) for n in (4, 8)) + _AVX512_EXP
-           + _KEEP_LANES + _HALF_VECTORS + _IN_REGISTER + _PRELUDE_TAIL)
+           + _KEEP_LANES + _HALF_VECTORS + _PAIRS + _IN_REGISTER + _PRELUDE_TAIL)

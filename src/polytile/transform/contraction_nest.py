@@ -36,16 +36,20 @@ class Nest:
     x: Load  # invariant in the j loops (packed too unless contiguous over the r loops)
     y: Load  # invariant in i
     store: Store
+    # the operands' values where they are not the loads as float32 (``bf16_pairs``)
+    xval: Expr | None = None
+    yval: Expr | None = None
+    pairs: bool = False  # the reduction runs over pairs of elements, multiplied by ``dot2``
 
     # the operands' values: the loads, or their float32 conversions where the operands are
     # stored in a half type (a bfloat16 matmul reads them as they are, no float32 copies)
     @property
     def xv(self) -> Expr:
-        return _value(self.x)
+        return self.xval if self.xval is not None else _value(self.x)
 
     @property
     def yv(self) -> Expr:
-        return _value(self.y)
+        return self.yval if self.yval is not None else _value(self.y)
 
 
 def _value(ld: Load) -> Expr:

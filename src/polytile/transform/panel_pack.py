@@ -238,7 +238,7 @@ class PanelPacker:
             y0 = load_of(y0v)
 
             def part(off: int) -> Expr:
-                return as_vector(reread(y0v, replace(y0, index=add(y0.index, c(off)))), vw)
+                return as_vector(_shifted(y0v, off), vw)
 
             def vals_at(off: int) -> list[Expr]:
                 if step == 1:
@@ -289,6 +289,15 @@ class PanelPacker:
         for f in reversed(rloops):
             stmts = (replace(f, body=stmts),)
         return tuple(pre) + stmts
+
+
+def _shifted(v: Expr, off: int) -> Expr:
+    """An operand's value (its loads, converted or paired) ``off`` elements further on (the
+    loads' own indices may read tables: those stay)."""
+    if isinstance(v, Load):
+        return replace(v, index=add(v.index, c(off)))
+    assert isinstance(v, Op) and all(isinstance(a, Load) for a in v.args), v
+    return Op(v.fn, tuple(_shifted(a, off) for a in v.args), v.dtype)
 
 
 def panel_packer(plan: ContractionPlan, N: int, nv: int, fused: bool, sizes: dict, fy: dict) -> PanelPacker:

@@ -33,6 +33,7 @@ from .contraction_nest import batch_into_columns, batch_index, contiguous, in_gr
 from .contraction_plan import At, ContractionPlan, KBlock, Panels, RowMajor, XPack
 from .contraction_sizes import k_block, reduction_block, tile_sizes, wide_tile
 from ..dtypes import LOW
+from .bf16_pairs import paired
 from .dot_form import dot_form
 from .fusion_util import subst_vars
 from .panel_pack import panel_packer
@@ -86,6 +87,8 @@ def tile_contractions(p: Program, target: CPUMachine, prefetch: bool = True) -> 
                 and contiguous(linear_form(n.x.index)[0], [f.var for f in n.rloops], n.rloops):
             kernels.extend(dot_form(k, n, M, N, K, buffers, target))
             continue
+        if n is not None and (pn := paired(n, target)) is not None:  # bfloat16 pairs (``bf16_pairs``)
+            n, K = pn, K // 2
         # a reduction too long for a packed panel in L2 runs in blocks of KC (see ``k_block``)
         kc = k_block(n, K, nr0, target) if n is not None else 0
         # fewer rows than a register tile: one row tile meets each packed panel, worth it for an
@@ -165,7 +168,7 @@ def tile_contractions(p: Program, target: CPUMachine, prefetch: bool = True) -> 
         # the next one's lines fit in half the L2 (else the prefetched lines evict the panel
         # and X, and the prefetch costs more than it saves)
         ahead = None
-        if fused and not kc and n.cond is None and len(jn) == 1 and len(rn) == 1 and not divmod_left \
+        if fused and not kc and n.cond is None and not n.pairs and len(jn) == 1 and len(rn) == 1 and not divmod_left \
                 and fy.get(jn[0], 0) == 1 and fy.get(rn[0], 0) * 4 >= target.page_bytes \
                 and 2 * K * nr * 4 <= target.l2_bytes // 2:
             ahead = At(n.y.buf, subst_vars(n.y, {jn[0]: mul(add(Var(jo), c(1)), c(nr)), rn[0]: R, i: c(0)}).index)

@@ -8,7 +8,8 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from ..affine.ir import (INDEX, Alloc, Assign, Const, Expr, For, If, Kernel, Let, Load, Op, Prefetch, Stmt, Store, Var,
-                        add, as_vector, c, in_register, lanes, load_of, mul, vector_type, walk_exprs)
+                        add, as_vector, c, element_index, in_register, lanes, load_of, mul, vector_type,
+                        walk_exprs)
 from ..affine.linear import linear_form, uses_var
 from ..affine.transpose import transposed_block
 from .contraction_nest import Nest, epilogue_store, in_group
@@ -210,8 +211,12 @@ def row_tiles(plan: ContractionPlan, g: RowGroup, nv: int, src: At, width: int, 
             xval = subst_vars(xr, {i: add(row0, c(x))})
         inner.append(Let(f"xs{x}", "float32", xval))
         for y in range(nv):
-            prod = Op("mul", (Op("broadcast", (Var(f"xs{x}", "float32"),), vt), Var(f"yv{y}", vt)), vt)
-            inner.append(Assign(accs[x][y], Op("add", (Var(accs[x][y], vt), prod), vt)))
+            if n.pairs:  # (bits of bfloat16 pairs: broadcast bitwise by dot2 itself)
+                acc = Op("dot2", (Var(accs[x][y], vt), Var(f"xs{x}", "float32"), Var(f"yv{y}", vt)), vt)
+            else:
+                acc = Op("add", (Var(accs[x][y], vt), Op("mul", (Op("broadcast", (Var(f"xs{x}", "float32"),), vt),
+                                                                 Var(f"yv{y}", vt)), vt)), vt)
+            inner.append(Assign(accs[x][y], acc))
     pf: list[Stmt] = []
     if MI > 1 and xpack is None:
         pf += next_rows_prefetch(xr, i, row0, mr, R, Rg)
@@ -285,8 +290,8 @@ def row_tiles(plan: ContractionPlan, g: RowGroup, nv: int, src: At, width: int, 
             # move it (computed in the epilogue, a short run per output row, e.g. 14 elements,
             # would make erf's vector calls partial)
             done.append(For(ii, c(0), c(mr), (For(jj, c(0), c(width), (
-                Store(tile, add(mul(Var(ii), c(nr)), Var(jj)), epi.value),)),)))
-            epi = replace(epi, value=tval)
+                Store(tile, add(mul(Var(ii), c(nr)), Var(jj)), widened(epi.value)),)),)))
+            epi = replace(epi, value=narrowed(tval, epi.value.dtype))
         done.append(For(jj, c(0), c(width), (For(ii, c(0), c(mr), (epi,)),)))
     else:
         done.append(For(ii, c(0), c(mr), (For(jj, c(0), c(width), (epi,)),)))
@@ -345,7 +350,7 @@ def next_rows_prefetch(xr: Expr, i: str, row0: Expr, mr: int, R: Var, Rg: Expr) 
     fs = linear_form(xr.index)
     if fs is None or fs[0].get(R.name, 0) != 1:
         return []
-    return [Prefetch(xr.buf, subst_vars(xr.index, {i: add(row0, c(mr + x))})) for x in range(mr)]
+    return [Prefetch(xr.buf, subst_vars(element_index(xr), {i: add(row0, c(mr + x))})) for x in range(mr)]
 
 
 def next_output_prefetch(n: Nest, inext: Expr, j0: Expr, width: int, kc: int, R: Var, line: int) -> list[Stmt]:

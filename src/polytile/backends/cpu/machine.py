@@ -38,6 +38,12 @@ class CPUMachine:
         return max(1, self.vector_bytes // itemsize)
 
     @property
+    def bf16_dot(self) -> bool:
+        """Whether the machine has a bfloat16 pair dot product into float32 (AVX512_BF16's
+        ``vdpbf16ps``): bfloat16 contractions then multiply pairs of their elements."""
+        return "avx512_bf16" in self.isa
+
+    @property
     def l1_way_bytes(self) -> int:
         """Bytes of one L1 way: addresses this far apart map to the same set."""
         return self.l1d_bytes // self.l1d_ways
@@ -48,8 +54,8 @@ _AVX512 = ("sse4_2", "avx", "avx2", "fma", "avx512f", "avx512vl", "avx512bw")
 # Named descriptions of the hosts polytile is tested on (2 cores, as the CI machines have)
 PRESETS: dict[str, CPUMachine] = {
     "xeon-avx512": CPUMachine("x86_64", _AVX512, 64, 32, True, 48 * _KIB, 2 * _MIB, 32 * _MIB, 2, l1d_ways=12),
-    "zen4": CPUMachine("x86_64", _AVX512, 64, 32, True, 32 * _KIB, 1 * _MIB, 32 * _MIB, 2, l1d_ways=8),
-    "zen5": CPUMachine("x86_64", _AVX512, 64, 32, True, 48 * _KIB, 1 * _MIB, 32 * _MIB, 2, l1d_ways=12),
+    "zen4": CPUMachine("x86_64", _AVX512 + ("avx512_bf16",), 64, 32, True, 32 * _KIB, 1 * _MIB, 32 * _MIB, 2, l1d_ways=8),
+    "zen5": CPUMachine("x86_64", _AVX512 + ("avx512_bf16",), 64, 32, True, 48 * _KIB, 1 * _MIB, 32 * _MIB, 2, l1d_ways=12),
     "zen3": CPUMachine("x86_64", ("sse4_2", "avx", "avx2", "fma"), 32, 16, True, 32 * _KIB, 512 * _KIB,
                        32 * _MIB, 2, l1d_ways=8),
     "sse": CPUMachine("x86_64", ("sse4_2",), 16, 16, False, 32 * _KIB, 256 * _KIB, 8 * _MIB, 2, l1d_ways=8),
@@ -57,7 +63,7 @@ PRESETS: dict[str, CPUMachine] = {
 }
 
 
-_ISA = ("sse4_2", "avx", "avx2", "fma", "avx512f", "avx512vl", "avx512bw", "neon", "asimd", "sve")
+_ISA = ("sse4_2", "avx", "avx2", "fma", "avx512f", "avx512vl", "avx512bw", "avx512_bf16", "neon", "asimd", "sve")
 
 
 def _cpu_flags() -> set[str]:
