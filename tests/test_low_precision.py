@@ -130,10 +130,13 @@ def test_half_ops_run_in_aten_by_default():
 def _products(x, w, wt, a, b, img, k3):
     """Contractions of every form the tiled code takes: a linear layer (x @ w.T: both operands
     contiguous along the reduction), x @ W (W's reduction along its rows), a batched matmul, a
-    reduction of odd length, few rows, a padded 3x3 and a 1x1 convolution, with epilogues."""
+    reduction of odd length, few rows, a padded 3x3 and a 1x1 convolution (pairs of input
+    channels where the machine has bfloat16 pairs), a strided one over 3 channels (odd: not
+    paired), with epilogues."""
     return (torch.nn.functional.linear(x, w, w[:, 0]).relu(), x @ wt, torch.bmm(a, b),
             x[:, :77] @ wt[:77], x[:5] @ wt, torch.nn.functional.conv2d(img, k3, padding=1),
-            torch.nn.functional.conv2d(img, k3[:, :, :1, :1]) * 2)
+            torch.nn.functional.conv2d(img, k3[:, :, :1, :1]) * 2,
+            torch.nn.functional.conv2d(img[:, :3], k3[:, :3], stride=2, padding=1))
 
 
 def _product_inputs(dtype):

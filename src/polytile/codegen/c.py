@@ -154,6 +154,11 @@ def expr(e: Expr) -> str:
         return f"{e.buf}[{expr(e.index)}]"
     if e.fn == "cast" and lanes(e.dtype) > 1:
         return _vector_cast(e)
+    if e.fn == "cast" and _bf16_round_trip(e):
+        # a value rounded to bfloat16 and read on as float32 (eager's rounding between ops
+        # inside a fused kernel): in 32-bit lanes only, so that gcc vectorizes the loop
+        # around it (a 16-bit value in the middle of float lanes, read with a stride, stops it)
+        return f"pt_round_bf16({expr(e.args[0].args[0])})"
     if e.fn == "cast":
         (x,) = e.args
         v = f"pt_bf16_f32({expr(x)})" if x.dtype == "bfloat16" else expr(x)
@@ -171,6 +176,12 @@ def expr(e: Expr) -> str:
         # operand goes through an empty asm, which it cannot see through (nor vectorize)
         args = [f"pt_opaque_d({x})" if _widened_float(a) else x for a, x in zip(e.args, args)]
     return tmpl(args, e.dtype, e.args[0].dtype)
+
+
+def _bf16_round_trip(e: Op) -> bool:
+    x = e.args[0]
+    return (e.dtype == "float32" and isinstance(x, Op) and x.fn == "cast" and x.dtype == "bfloat16"
+            and x.args[0].dtype == "float32")
 
 
 def _vector_cast(e: Op) -> str:

@@ -6,12 +6,14 @@ consecutive reduction elements, at twice the rate of float32 FMAs, reading half 
 A contraction nest whose operands are both bfloat16 becomes the same nest over pairs: its
 innermost reduction loop runs half as many times, each operand element is a pair of
 reduction elements seen as one 32-bit element (``affine.ir.PAIR``: loads indexed in pairs,
-read as float32 bits by ``pair_bits``), and the register tiles multiply with ``dot2``. Every
+read as float32 bits by ``pair_bits``), and the register tiles multiply with ``dot2``. A
+convolution pairs its input channels (moved innermost: its 3 x 3 window loops are odd and
+its padding test reads them). Every
 pack, copy and transpose of the tiled form then moves 32-bit elements as it moves floats
 (bits only: no arithmetic touches a pair before ``dot2``). An operand contiguous along the
 reduction (a linear layer's weight, row-major activations) is read as pairs in place; one
-whose reduction runs along its rows (x @ W with W of K x N) is paired by its pack, two rows'
-elements into one (``pair_of``).
+whose reduction runs along its rows (x @ W with W of K x N, an image's channels) is paired by
+its pack, two rows' elements into one (``pair_of``).
 
 The products of two bfloat16 values are exact in float32, so the pair product differs from
 the float32 FMA chain only in the order of two roundings per pair; like eager's oneDNN
@@ -22,7 +24,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from ..affine.ir import PAIR, Load, Op, Var, add, c, mul, trip_count
+from ..affine.ir import PAIR, Load, Op, Var, add, c, mul, trip_count, walk_exprs
 from ..affine.linear import linear_form, to_expr
 from .contraction_nest import Nest
 from .fusion_util import subst_vars
@@ -40,28 +42,37 @@ def _in_pairs(ld: Load, r: str) -> Load | None:
     return Load(ld.buf, to_expr({v: k // 2 for v, k in lf[0].items()}, lf[1] // 2), PAIR)
 
 
+def _pair(ld: Load, r: str) -> tuple[Load, Op] | None:
+    """(the load the nest's analyses see, the pair's value) of operand ``ld`` over pairs of r:
+    in place where it walks r contiguously, else two elements one r-step apart."""
+    p = _in_pairs(ld, r)
+    if p is not None:
+        return p, Op("pair_bits", (p,), "float32")
+    lf = linear_form(ld.index)
+    if lf is None or lf[0].get(r, 0) <= 0:
+        return None
+    even = subst_vars(ld, {r: mul(Var(r), c(2))})
+    return even, Op("pair_of", (even, replace(even, index=add(even.index, c(lf[0][r])))), "float32")
+
+
 def paired(n: Nest, machine: CPUMachine) -> Nest | None:
-    """``n`` over pairs of its innermost reduction (see the module docstring), or None where
-    the machine has no pair dot product or the nest does not fit: operands not both
-    bfloat16, a condition (padding) in the reduction, an odd reduction, a row operand that
-    does not walk the reduction contiguously."""
-    if not machine.bf16_dot or n.cond is not None or n.pairs or not n.x.dtype == n.y.dtype == "bfloat16":
+    """``n`` over pairs of one of its reduction loops (see the module docstring), moved
+    innermost (the order of a reduction's terms is free), or None where the machine has no
+    pair dot product or the nest does not fit: operands not both bfloat16, no reduction loop
+    of even length that the condition (padding) does not read. The innermost loop is
+    preferred, then the others from the inside out (a convolution's input channels, whose
+    kernel window loops are odd: 3 x 3)."""
+    if not machine.bf16_dot or n.pairs or not n.x.dtype == n.y.dtype == "bfloat16":
         return None
-    rl = n.rloops[-1]
-    T = trip_count(rl)
-    if not T or T % 2:
-        return None
-    x = _in_pairs(n.x, rl.var)
-    if x is None:
-        return None
-    y = _in_pairs(n.y, rl.var)
-    if y is not None:
-        yval = Op("pair_bits", (y,), "float32")
-    else:
-        fy = linear_form(n.y.index)
-        if fy is None or fy[0].get(rl.var, 0) <= 0:
-            return None
-        y = subst_vars(n.y, {rl.var: mul(Var(rl.var), c(2))})
-        yval = Op("pair_of", (y, replace(y, index=add(y.index, c(fy[0][rl.var])))), "float32")
-    return replace(n, rloops=[*n.rloops[:-1], replace(rl, hi=c(T // 2))], x=x, y=y,
-                   xval=Op("pair_bits", (x,), "float32"), yval=yval, pairs=True)
+    cond_vars = {v.name for v in walk_exprs(n.cond) if isinstance(v, Var)} if n.cond is not None else set()
+    for q in reversed(range(len(n.rloops))):
+        rl = n.rloops[q]
+        T = trip_count(rl)
+        if not T or T % 2 or rl.var in cond_vars:
+            continue
+        px, py = _pair(n.x, rl.var), _pair(n.y, rl.var)
+        if px is None or py is None:
+            continue
+        rloops = [*n.rloops[:q], *n.rloops[q + 1:], replace(rl, hi=c(T // 2))]
+        return replace(n, rloops=rloops, x=px[0], y=py[0], xval=px[1], yval=py[1], pairs=True)
+    return None

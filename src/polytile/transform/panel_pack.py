@@ -85,7 +85,7 @@ class PanelPacker:
                            (Store(buf, idx, Const(0.0, "float32")),)))
         return tuple(out)
 
-    def masked_rows(self, y0: Load, copy: tuple[Stmt, ...], outer: list[For], pbody: tuple[Stmt, ...],
+    def masked_rows(self, y0s: list[Load], copy: tuple[Stmt, ...], outer: list[For], pbody: tuple[Stmt, ...],
                     chunk, step: int, vals_at) -> tuple[tuple[Stmt, ...], tuple[Stmt, ...]] | None:
         """A panel whose pixels run over image rows (oh), of a convolution of stride ``step``
         (1 or 2): lane jj of the pixels on output row oh_of[0] + k reads y0 + step * jj +
@@ -145,8 +145,9 @@ class PanelPacker:
         kept = tuple(replace(st, value=Op("keep_lanes", (Load("pmask", c(y * vw), vt), vals[y]), vt)
                              if cond is not None else vals[y]) for y, st in enumerate(copy))
         reach = (segments - 1) * D + (nr - 1 if step == 1 else 2 * nr - 1)  # the last element loaded
-        inside = Op("logical_and", (Op("ge", (y0.index, c(0)), "bool"),
-                                    Op("lt", (add(y0.index, c(reach)), c(sizes[n.y.buf])), "bool")), "bool")
+        inside = _all([Op("logical_and", (Op("ge", (y0.index, c(0)), "bool"),
+                                          Op("lt", (add(y0.index, c(reach)), c(sizes[n.y.buf])), "bool")), "bool")
+                       for y0 in y0s])
         return tuple(mk), (If(inside, kept, pbody),)
 
     def offset_lanes(self, pv: Expr, inner: list[For], rloops: list[For], buf: str,
@@ -235,7 +236,7 @@ class PanelPacker:
             y0v = subst_vars(subst_vars(n.yv, {**at, i: c(0)}), {jj: c(0)})
             if chunk is not None:
                 y0v = subst_vars(y0v, {rn[0]: r0o})
-            y0 = load_of(y0v)
+            y0s = _loads(y0v)  # (two for a pair of rows: every range test covers both)
 
             def part(off: int) -> Expr:
                 return as_vector(_shifted(y0v, off), vw)
@@ -251,7 +252,7 @@ class PanelPacker:
             copy = tuple(Store(buf, subst_vars(idx, {jj: c(y * vw)}), v) for y, v in enumerate(vals))
             test: Expr | None = None
             if step == 2:  # the last load reaches one element past the last one used
-                test = Op("lt", (add(y0.index, c(2 * nr - 1)), c(sizes[n.y.buf])), "bool")
+                test = _all([Op("lt", (add(y.index, c(2 * nr - 1)), c(sizes[n.y.buf])), "bool") for y in y0s])
             for v in jn[:-1]:
                 if look is jdec and not uses_var(jdec[v], jj):
                     continue  # the panel's pixels share this coordinate by construction
@@ -276,7 +277,7 @@ class PanelPacker:
                     return body
 
                 slow = nest(pbody, inner)
-                masked = self.masked_rows(y0, copy, outer, pbody, chunk, step, vals_at)
+                masked = self.masked_rows(y0s, copy, outer, pbody, chunk, step, vals_at)
                 if masked is not None:
                     pre_m, body_m = masked
                     slow = pre_m + nest(body_m, inner)
@@ -289,6 +290,18 @@ class PanelPacker:
         for f in reversed(rloops):
             stmts = (replace(f, body=stmts),)
         return tuple(pre) + stmts
+
+
+def _loads(v: Expr) -> list[Load]:
+    """The loads of an operand's value (one, or a pair of rows' two)."""
+    return [v] if isinstance(v, Load) else [a for a in v.args if isinstance(a, Load)]
+
+
+def _all(tests: list[Expr]) -> Expr:
+    out = tests[0]
+    for t in tests[1:]:
+        out = Op("logical_and", (out, t), "bool")
+    return out
 
 
 def _shifted(v: Expr, off: int) -> Expr:
