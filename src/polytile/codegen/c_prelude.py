@@ -53,12 +53,16 @@ static inline pt_f32x{n} pt_exp_f32x{n}(pt_f32x{n} x) {{
   p = p * (r * r) + r + 1.0f;
 """ + _TIMES_2N
 _PRELUDE_TAIL = r"""static inline float pt_bf16_f32(uint16_t h) { uint32_t u = (uint32_t)h << 16; float f; __builtin_memcpy(&f, &u, 4); return f; }
-static inline float pt_round_bf16(float f) {  /* pt_bf16_f32(pt_f32_bf16(f)) in 32-bit lanes only */
+/* f32 -> bf16 rounded to nearest even, NaN -> the canonical 0x7fc0. The NaN test is integer
+   arithmetic, no compare and no branch: gcc vectorizes loops that use it, even beside a
+   float compare (a compare-and-select here next to a NaN-propagating max stops it) */
+static inline uint32_t pt_bf16_bits(float f) {
   uint32_t u; __builtin_memcpy(&u, &f, 4); uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
-  r = (u & 0x7fffffffu) > 0x7f800000u ? 0x7fc00000u : r; float o; __builtin_memcpy(&o, &r, 4); return o; }
-static inline uint16_t pt_f32_bf16(float f) {  /* (a select, no branch: loops using it vectorize) */
-  uint32_t u; __builtin_memcpy(&u, &f, 4); uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-  return (u & 0x7fffffffu) > 0x7f800000u ? (uint16_t)0x7fc0 : (uint16_t)r; }
+  uint32_t nan = 0u - ((0x7f800000u - (u & 0x7fffffffu)) >> 31);
+  return (r & ~nan) | (0x7fc00000u & nan); }
+static inline uint16_t pt_f32_bf16(float f) { return (uint16_t)(pt_bf16_bits(f) >> 16); }
+static inline float pt_round_bf16(float f) {  /* pt_bf16_f32(pt_f32_bf16(f)), in 32-bit lanes */
+  uint32_t r = pt_bf16_bits(f); float o; __builtin_memcpy(&o, &r, 4); return o; }
 static inline int64_t pt_floordiv_i(int64_t a, int64_t b) { if (b == 0) return 0; int64_t q = a / b; return (q * b != a && ((a < 0) != (b < 0))) ? q - 1 : q; }
 static inline int64_t pt_mod_i(int64_t a, int64_t b) { if (b == 0) return 0; int64_t r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
 static inline int64_t pt_truncdiv_i(int64_t a, int64_t b) { return b == 0 ? 0 : a / b; }
