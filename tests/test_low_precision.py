@@ -211,3 +211,24 @@ def test_bf16_linear_reads_its_operands_in_place(bf16_dot):
         assert dots and pair_loads == {"in0", "in1"} and not casts
     else:
         assert not dots and not pair_loads and casts
+
+
+@pytest.mark.parametrize("precision,bound", [(None, 1e-5), ("bf16", 2e-2), ("fp16", 3e-3)])
+def test_cpu_contraction_precision_option(precision, bound):
+    """``mm_conv_precision`` on the CPU: "bf16"/"fp16" round the float32 operands of matmuls and
+    convolutions to the half type (float32 accumulation, float32 results); the error against
+    float64 grows to that type's rounding, no further, and is clearly above float32's (the
+    operands really are rounded)."""
+    torch._dynamo.reset()
+    torch.manual_seed(4)
+    m = torch.nn.Sequential(torch.nn.Conv2d(8, 16, 3, padding=1), torch.nn.ReLU(), torch.nn.Flatten(),
+                            torch.nn.Linear(16 * 36, 64)).eval()
+    x = torch.randn(2, 8, 6, 6)
+    f = torch.compile(m, backend="polytile", options={"fallback": False, "mm_conv_precision": precision})
+    with torch.no_grad():
+        out = _no_fallback(lambda: f(x))
+        ref = m.double()(x.double())
+    err = ((out.double() - ref).norm() / ref.norm()).item()
+    assert out.dtype == torch.float32 and err < bound
+    if precision is not None:
+        assert err > 1e-5

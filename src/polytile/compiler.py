@@ -47,6 +47,8 @@ def compile_graph_ir(graph: Graph, input_specs: list[TensorSpec], options: Optio
     if dumper:
         dumper.write("graph.txt", format_graph(graph))
     graph = widen(graph)  # half-precision arithmetic in float32, rounded where eager rounds
+    for rewrite in backend.graph_passes(machine, options):
+        graph = rewrite(graph)
     lowerings = backend.op_lowerings(machine, options)
     # the fused attention op exists only for targets that lower it
     if options.fusion and options.fuse_attention and "attention" in lowerings:

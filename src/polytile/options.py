@@ -101,10 +101,12 @@ class Options:
     through ``.data`` bypasses the version counter and is NOT seen (the old values are used):
     turn this on only for code that never updates weights that way."""
     mm_conv_precision: str | None = None
-    """GPU target: the precision of fp32 matmul and convolution tile products. None follows torch
+    """The precision of fp32 matmul and convolution products. GPU: None follows torch
     (``torch.set_float32_matmul_precision`` for matmuls, ``torch.backends.cudnn.allow_tf32`` for
     convolutions); ``"ieee"`` or ``"tf32"`` force one; ``"fp16"`` / ``"bf16"`` round the operands to
-    half precision for the tensor cores (accumulating in fp32): faster, less accurate."""
+    half precision for the tensor cores (accumulating in fp32): faster, less accurate. CPU:
+    ``"bf16"`` / ``"fp16"`` round the operands the same way (bfloat16 pair dot products where the
+    machine has them, about 2x the float32 rate), anything else keeps float32 (no tf32 unit)."""
     cuda_graphs: bool = True
     """GPU target: from the second call on, run the graph's kernels as one captured CUDA graph
     (inputs copied into fixed buffers, outputs copied out): one launch instead of one per

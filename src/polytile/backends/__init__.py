@@ -45,6 +45,10 @@ class Backend(ABC):
         """Graph op name -> ``fn(builder, node)`` that emits the op's nests (``affine.build``)."""
         return {}
 
+    def graph_passes(self, machine: Any, options: Any) -> list[Callable[[Any], Any]]:
+        """Graph rewrites (Graph -> Graph) the target's options ask for, before affine construction."""
+        return []
+
     @abstractmethod
     def passes(self, machine: Any, options: Any) -> list[Pass]:
         """The scheduling passes after the shared prefix, in order."""

@@ -17,6 +17,7 @@ from ... import counters as stats
 from ...affine.ir import buffers_used
 from ...affine.attention import key_blocked_nest
 from ...codegen.c import UNIT_MARK, render
+from ...graph.low_precision import HALF_OF, round_contraction_operands
 from ...graph.symbols import is_symbolic
 from ...runtime.cache import discard
 from ...runtime.cc import build_shared_object
@@ -56,6 +57,12 @@ class CPUBackend(Backend):
             b.emit(n, main)
 
         return {"attention": attention, "conv2d": lower_conv2d}
+
+    def graph_passes(self, machine: CPUMachine, options) -> list:
+        # "bf16"/"fp16": float32 contractions with half-precision operands (bfloat16 pairs where
+        # the machine has them); "ieee" and "tf32" (which a CPU has no unit for) keep float32
+        p = options.mm_conv_precision
+        return [lambda g: round_contraction_operands(g, p)] if p in HALF_OF else []
 
     def passes(self, machine: CPUMachine, options) -> list[Pass]:
         o = options
