@@ -167,6 +167,14 @@ def expr(e: Expr) -> str:
         if e.dtype == "bfloat16":
             return v if x.dtype == "bfloat16" else f"pt_f32_bf16((float)({v}))"
         return f"(({CTYPE[e.dtype]})({v}))"
+    if e.fn in ("maximum", "minimum") and _isfloat(e.dtype) and isinstance(e.args[1], Const) \
+            and not math.isnan(float(e.args[1].value)):
+        # a clamp by a number (ReLU, ReLU6): a where it is above (below) it or NaN, the number
+        # otherwise. gcc 12 vectorizes this form where two of the general one around bfloat16
+        # rounding stop it; the general form (below) vectorizes where this one does not (a
+        # max-pool's running maximum)
+        keep = "<=" if e.fn == "maximum" else ">="
+        return f"({{ {CTYPE[e.dtype]} _a = {expr(e.args[0])}; !(_a {keep} {expr(e.args[1])}) ? _a : {expr(e.args[1])}; }})"
     tmpl = OPS.get(e.fn)
     if tmpl is None:
         raise NotImplementedError(f"C renderer has no template for scalar op {e.fn!r}")
