@@ -51,20 +51,42 @@ def test_half_ops_match_eager(dtype, preset):
     assert_accurate(out, ref, lambda: _ops(x.double(), y.double(), w.double()), 1e-2)
 
 
-def test_elementwise_rounds_like_eager_bit_for_bit():
-    """add/mul/sub/div/max: eager computes each in float32 and rounds; so does the compiled code,
-    fused or not: the results are the same bits."""
+def _chain(a, b):
+    return ((a + b) * a - b) / (b + 3.0), torch.maximum(a, b) * 0.1, torch.relu(a * 3.0 - 1.0).clamp(max=1.5)
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+def test_elementwise_rounds_like_eager_bit_for_bit_when_emulating(dtype):
+    """With ``emulate_precision_casts``, each op computes in float32 and rounds its result to the
+    half type, as eager does, fused or not: the same bits as eager (the special values
+    included: NaN, infinity, -0)."""
     torch._dynamo.reset()
     torch.manual_seed(1)
+    a, b = torch.randn(1000).to(dtype), torch.randn(1000).to(dtype)
+    a[:3] = torch.tensor([float("nan"), float("inf"), -0.0])
+    g = torch.compile(_chain, backend="polytile", options={"fallback": False, "emulate_precision_casts": True,
+                                                           **COMPILE})
+    for o, r in zip(g(a, b), _chain(a, b)):  # (bits; a NaN's sign and payload aside)
+        assert torch.equal(o.isnan(), r.isnan())
+        assert torch.equal(o.view(torch.int16)[~r.isnan()], r.view(torch.int16)[~r.isnan()])
 
-    def f(a, b):
-        return ((a + b) * a - b) / (b + 3.0), torch.maximum(a, b) * 0.1
 
-    for dtype in HALF:
-        a, b = torch.randn(1000).to(dtype), torch.randn(1000).to(dtype)
-        g = torch.compile(f, backend="polytile", options={"fallback": False, **COMPILE})
-        for o, r in zip(g(a, b), f(a, b)):
-            assert torch.equal(o.view(torch.int16), r.view(torch.int16))
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+def test_fused_half_ops_keep_float32_inside_the_kernel(dtype):
+    """By default a fused chain of half-precision ops rounds once, at its store (as Inductor):
+    each result is the float32 chain's value rounded, at least as close to float64 overall as
+    eager's (which rounds after every op); the special values are eager's."""
+    torch._dynamo.reset()
+    torch.manual_seed(1)
+    a, b = torch.randn(1000).to(dtype), torch.randn(1000).to(dtype)
+    a[:3] = torch.tensor([float("nan"), float("inf"), -0.0])
+    g = torch.compile(_chain, backend="polytile", options={"fallback": False, **COMPILE})
+    for o, r, f32, f64 in zip(g(a, b), _chain(a, b), _chain(a.float(), b.float()), _chain(a.double(), b.double())):
+        assert torch.equal(o.isnan(), r.isnan()) and torch.equal(o.isinf(), r.isinf())
+        num = ~r.isnan()
+        assert torch.equal(o[num], f32.to(dtype)[num])  # the float32 chain, rounded once
+        fin = r.isfinite()
+        assert (o.double() - f64)[fin].norm() <= (r.double() - f64)[fin].norm()
 
 
 @pytest.mark.parametrize("dtype", HALF, ids=str)

@@ -107,6 +107,12 @@ class Options:
     half precision for the tensor cores (accumulating in fp32): faster, less accurate. CPU:
     ``"bf16"`` / ``"fp16"`` round the operands the same way (bfloat16 pair dot products where the
     machine has them, about 2x the float32 rate), anything else keeps float32 (no tf32 unit)."""
+    emulate_precision_casts: bool = False
+    """bfloat16/float16 ops fused into one kernel keep their intermediate values in float32 and
+    round once, at the store (as Inductor does: more accurate than eager, whose separate ops round
+    every result; results differ from eager's where those roundings matter). True rounds every
+    op's result to the half type as eager does: eager's bits, slower. Named after Inductor's
+    option of the same meaning."""
     cuda_graphs: bool = True
     """GPU target: from the second call on, run the graph's kernels as one captured CUDA graph
     (inputs copied into fixed buffers, outputs copied out): one launch instead of one per
@@ -196,4 +202,5 @@ class Options:
         return repr((self.threads, self.cc, self.cflags, self.fast_math, self.parallel_min_work, self.fusion, self.fuse_producers,
                      self.fuse_epilogues, self.fuse_loops, self.fuse_siblings, self.fuse_attention,
                      self.tile_contractions, self.prefetch, self.cache_weights,
-                     self.profile, self.target, self.mm_conv_precision, sorted((self.machine or {}).items())))
+                     self.profile, self.target, self.mm_conv_precision, self.emulate_precision_casts,
+                     sorted((self.machine or {}).items())))

@@ -125,8 +125,8 @@ class _Builder:
     def elementwise(self, n: Node) -> None:
         def body(idx):
             args = [self.read(i, self.bcast(i.shape, idx)) for i in n.inputs]
-            if n.op == "cast":
-                v = Op("cast", tuple(args), n.dtype)
+            if n.op == "cast":  # (a rounding that widen inserted: "narrow", see transform.half_rounding)
+                v = Op("narrow" if dict(n.attrs).get("opmath") else "cast", tuple(args), n.dtype)
             elif n.op == "identity":
                 v = args[0]
             else:

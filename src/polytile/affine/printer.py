@@ -17,8 +17,8 @@ def expr(e: Expr) -> str:
         return f"affine.load %{e.buf}[{expr(e.index)}]"
     if e.fn in _INFIX and e.dtype == "int64":
         return f"({expr(e.args[0])} {_INFIX[e.fn]} {expr(e.args[1])})"
-    if e.fn == "cast":
-        return f"cast<{e.dtype}>({expr(e.args[0])})"
+    if e.fn in ("cast", "narrow"):
+        return f"{e.fn}<{e.dtype}>({expr(e.args[0])})"
     return f"{e.fn}({', '.join(expr(a) for a in e.args)})"
 
 

@@ -152,6 +152,8 @@ def expr(e: Expr) -> str:
         if lanes(e.dtype) > 1:
             return f"(*(const {CTYPE[e.dtype]}*)&{e.buf}[{expr(e.index)}])"
         return f"{e.buf}[{expr(e.index)}]"
+    if e.fn == "narrow":  # (a rounding the program kept: rendered as the cast it is)
+        e = Op("cast", e.args, e.dtype)
     if e.fn == "cast" and lanes(e.dtype) > 1:
         return _vector_cast(e)
     if e.fn == "cast" and _bf16_round_trip(e):
@@ -188,7 +190,7 @@ def expr(e: Expr) -> str:
 
 def _bf16_round_trip(e: Op) -> bool:
     x = e.args[0]
-    return (e.dtype == "float32" and isinstance(x, Op) and x.fn == "cast" and x.dtype == "bfloat16"
+    return (e.dtype == "float32" and isinstance(x, Op) and x.fn in ("cast", "narrow") and x.dtype == "bfloat16"
             and x.args[0].dtype == "float32")
 
 
@@ -345,7 +347,11 @@ def render(p: Program, offsets: dict[str, int], entry: str = "pt_entry", units: 
             # convolution kernels do; everywhere else a * b + c rounds twice, as eager's
             # separate elementwise kernels do (the C flags turn contraction off)
             attrs = "visibility(\"hidden\")" + (", " + FMA_ATTRIBUTE if fma else "")
-            proto = (f"__attribute__(({attrs})) void {fname}"
+            # loops over 16-bit elements: gcc sizes their vectors by the 16-bit type (32 lanes
+            # in 512 bits), and the short loops of a tile (a pool's 28-column strips) then never
+            # reach the vector body; PT_HALF_VECTORS halves that (see the prelude)
+            half = "PT_HALF_VECTORS " if not fma and any(dt in ("bfloat16", "float16") for dt, _ in types) else ""
+            proto = (f"__attribute__(({attrs})) {half}void {fname}"
                      f"(int pt_nthreads, int* pt_err{', ' if params else ''}{params})")
             bodies.append((proto, [f"/* {k.origin} */", proto + " {", *stmts(canon, 1), "}\n"]))
         call = f"{fname}(nthreads, &err{''.join(', ' + n for n in order + sizes)});"

@@ -133,6 +133,11 @@ static inline pt_f32x16 pt_exp2_f32x16(pt_f32x16 x) {
 # it keeps gcc from folding its load into every FMA that uses it (one 512-bit load per FMA: the
 # load port, not the FMA units, then sets the pace). Where the register class is unknown, a no-op.
 _IN_REGISTER = r"""#if defined(__x86_64__) && defined(__AVX512F__)
+#define PT_HALF_VECTORS __attribute__((target("prefer-vector-width=256")))
+#else
+#define PT_HALF_VECTORS
+#endif
+#if defined(__x86_64__) && defined(__AVX512F__)
 #define PT_REG16(x) ({ pt_f32x16 _r = (x); __asm__("" : "+v"(_r)); _r; })
 #else
 #define PT_REG16(x) (x)

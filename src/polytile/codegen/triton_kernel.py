@@ -118,7 +118,7 @@ class Renderer:
             return self.cse[key]
         if isinstance(e, Load):
             text = f"tl.load({self.addr(e.buf, e.index, mask)}, mask={mask}, other=0)"
-        elif e.fn == "cast":
+        elif e.fn in ("cast", "narrow"):
             x = self.ex(e.args[0], mask)
             text = f"{x} != 0" if e.dtype == "bool" else f"{x}.to({TL_DTYPE[e.dtype]})"
         elif e.fn in ("in_register", "broadcast"):

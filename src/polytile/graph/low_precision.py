@@ -7,9 +7,11 @@ reach the graph already decomposed with their own casts. ``widen`` makes that ex
 with half-precision inputs or result reads each half input through a cast to float32, runs in
 float32, and its result is cast back to its half type. Views, inputs and casts stay as they
 are; a half constant (a scalar operand) enters float32 arithmetic unrounded, as eager's
-opmath applies a Python scalar. After fusion the round trip ``cast(cast(x, bfloat16),
-float32)`` stays in the fused code, so a fused kernel rounds exactly where eager's separate
-kernels do. Matmuls and
+opmath applies a Python scalar. Those roundings are marked (``opmath``): after fusion, a
+value rounded and read on as float32 inside one kernel keeps its float32 value instead, as
+Inductor's kernels do (more accurate than eager's rounding at every op; eager's roundings
+exactly with ``Options.emulate_precision_casts``, see ``transform.half_rounding``); a value
+stored to memory is rounded where eager rounds it. Matmuls and
 convolutions accumulate in float32 and round once, as eager's half-precision kernels do: they
 read their half-precision operands in place (the casts fuse into them, see
 ``transform.contraction_nest``), and bfloat16 ones as pairs of elements where the machine has a
@@ -53,7 +55,9 @@ def widen(g: Graph) -> Graph:
             new[n.id] = b.node("cast", (b.node(n.op, (), **{**attrs, "dtype": "float32"}),), dtype=n.dtype)
         else:
             out = b.node(n.op, [wide(i) if new[i.id].dtype in LOW else new[i.id] for i in n.inputs], **attrs)
-            new[n.id] = b.node("cast", (out,), dtype=n.dtype) if n.dtype in LOW else out
+            # (``opmath``: this rounding may be left out where the value stays inside a fused
+            # kernel, see transform.half_rounding)
+            new[n.id] = b.node("cast", (out,), dtype=n.dtype, opmath=True) if n.dtype in LOW else out
     outputs = tuple(new[o.id] for o in g.outputs)
     return Graph(g.inputs, outputs, topo_nodes(outputs, g.inputs))
 

@@ -14,7 +14,7 @@ from .. import counters
 from ..affine.ir import Program
 from ..affine.verify import verify_program
 from ..options import Options
-from . import dead, fuse_epilogues, fuse_loops, fuse_producers, parallelize
+from . import dead, fuse_epilogues, fuse_loops, fuse_producers, half_rounding, parallelize
 
 Pass = tuple[str, Callable[[Program], Program]]
 
@@ -34,6 +34,7 @@ def shared_passes(o: Options, symbolic: bool = False) -> list[Pass]:
         ("fuse_loops", (lambda p: fuse_loops.fuse_loops(p, flow=o.fuse_loops, siblings=o.fuse_siblings,
                                                         threads=o.threads))
          if fuse and (o.fuse_loops or o.fuse_siblings) else _same),
+        ("keep_float32", _same if o.emulate_precision_casts else half_rounding.keep_float32),
         ("check_parallel_fused", parallelize.check_parallel),
     ]
 
