@@ -2,7 +2,7 @@
 intermediates and outputs in the half type, arithmetic in float32, rounding where eager
 rounds. Results against eager by the accuracy rule (multiplier 3 for the half types, the
 float64 reference where eager differs), special values included; no op falls back (option
-``half_types="compile"``; by default those ops run in ATen)."""
+``half_types="compile"``, the default; ``"aten"`` leaves those ops to ATen)."""
 from __future__ import annotations
 
 import pytest
@@ -19,7 +19,7 @@ from polytile.graph.low_precision import widen
 from machines import NUMERIC
 
 HALF = (torch.bfloat16, torch.float16)
-COMPILE = {"half_types": "compile"}  # (by default half-precision ops run in ATen)
+COMPILE = {"half_types": "compile"}  # (the default; named where a test depends on it)
 
 
 def _no_fallback(fn):
@@ -129,9 +129,9 @@ def test_widen_computes_in_float32_and_rounds_each_result():
     assert g.outputs[1].op == "view" and g.outputs[1].inputs[0].dtype == "bfloat16"
 
 
-def test_half_ops_run_in_aten_by_default():
-    """Until polytile's half-precision code is faster than ATen's, the default leaves those ops
-    to ATen: eager's results exactly, the float32 ops around them still compiled."""
+def test_half_types_aten_leaves_half_ops_to_aten():
+    """``half_types="aten"`` leaves ops on half-precision tensors to ATen: eager's results
+    exactly, the float32 ops around them still compiled."""
     torch._dynamo.reset()
 
     def f(x, w):
@@ -139,7 +139,7 @@ def test_half_ops_run_in_aten_by_default():
 
     x, w = torch.randn(16, 32).to(torch.bfloat16), torch.randn(32, 8).to(torch.bfloat16)
     st0 = polytile.stats()
-    out = torch.compile(f, backend="polytile")(x, w)
+    out = torch.compile(f, backend="polytile", options={"half_types": "aten"})(x, w)
     st = polytile.stats()
     for o, r in zip(out, f(x, w)):
         assert torch.equal(o, r)

@@ -79,6 +79,7 @@ pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")  # eager's own wa
 TOL = 1e-4
 DTYPE = torch.float32
 DEFAULT_SAMPLES = 2  # per selected OpInfo in the default run
+HALF_TOL = 1e-2  # (the accuracy rule's floor for bfloat16/float16 results, as tests/test_low_precision.py)
 SEED = 0  # torch.manual_seed before generating an OpInfo's samples (they are random)
 
 # Ops whose result is uninitialized memory: only dtype and shape are compared (strides are not
@@ -509,8 +510,6 @@ _ADAPTIVE_MAX = ("the adaptive_max_pool2d rule handles only input sizes divisibl
                  "(uneven, overlapping windows are refused and ATen runs the op)")
 _TRANSPOSED = "the convolution rule refuses 3-d (transposed) convolution (aten.convolution runs in ATen)"
 _DTYPE = "polytile has no {} dtype: the _to_copy rule refuses (README: no complex dtypes)"
-_HALF = ("by default ops on half-precision tensors run in ATen (option half_types='compile' compiles them: "
-         "tests/test_low_precision.py)")
 KNOWN_FAILURES: dict[tuple[str, str], str | dict[int, str]] = {
     ("as_strided", "partial_views"): {
         1: "by design: storage_offset=0 on a view starting at storage offset 5 addresses storage before the "
@@ -521,8 +520,6 @@ KNOWN_FAILURES: dict[tuple[str, str], str | dict[int, str]] = {
         [0, 1, 2, 3, 4, 5, 6, 7, 12, 13, 14, 15, *range(20, 34)], _ADAPTIVE_MAX),
     ("nn.functional.conv_transpose3d", ""): _TRANSPOSED,
     ("nn.functional.conv3d", ""): "the convolution rule refuses 3-d convolution (aten.convolution runs in ATen)",
-    ("bfloat16", ""): _HALF,
-    ("half", ""): _HALF,
     ("cdouble", ""): _DTYPE.format("complex128"),
     ("cfloat", ""): _DTYPE.format("complex64"),
     ("chalf", ""): _DTYPE.format("complex32"),
@@ -542,13 +539,13 @@ def _label(key: tuple[str, str]) -> str:
 
 
 @functools.lru_cache(maxsize=4)
-def samples_of(key: tuple[str, str]) -> tuple:
-    """The OpInfo's float32 CPU samples, generated with a fixed seed (tests reuse them read-only:
-    each run works on deep copies)."""
+def samples_of(key: tuple[str, str], dtype: torch.dtype = DTYPE) -> tuple:
+    """The OpInfo's CPU samples in ``dtype`` (float32 by default), generated with a fixed seed
+    (tests reuse them read-only: each run works on deep copies)."""
     torch.manual_seed(SEED)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return tuple(OPINFOS[key].sample_inputs("cpu", DTYPE))
+        return tuple(OPINFOS[key].sample_inputs("cpu", dtype))
 
 
 def _call(opinfo, sample_args):
@@ -655,9 +652,11 @@ def _eager_then_compiled(opinfo, args):
         return expected, torch.compile(fn, backend="polytile", dynamic=False)(args[0], *args[1], **args[2])
 
 
-def run_sample(key: tuple[str, str], index: int, request=None) -> None:
+def run_sample(key: tuple[str, str], index: int, request=None, dtype: torch.dtype = DTYPE) -> None:
     opinfo = OPINFOS[key]
-    samples = samples_of(key)
+    samples = samples_of(key, dtype)
+    if dtype != DTYPE and index >= len(samples):
+        pytest.skip(f"{_label(key)} has no {dtype} sample")
     assert index < len(samples), (f"{_label(key)} now has {len(samples)} samples (SELECTED says "
                                   f"{SELECTED.get(key)}): regenerate SELECTED")
     sample = samples[index]
@@ -680,7 +679,7 @@ def run_sample(key: tuple[str, str], index: int, request=None) -> None:
         except Exception:
             return None
 
-    assert_accurate(got, expected, ref64, TOL)
+    assert_accurate(got, expected, ref64, TOL if dtype == DTYPE else HALF_TOL)
 
 
 def _known(key: tuple[str, str], index: int) -> str | None:
@@ -719,6 +718,35 @@ def test_opinfo(key, index, request):
 @pytest.mark.parametrize("key,index", _params(None))
 def test_opinfo_exhaustive(key, index, request):
     run_sample(key, index, request)
+
+
+# ------------------------------------------------------------------------------ half precision
+# The first sample of every selected OpInfo that supports the type, in bfloat16 (default run)
+# and float16 (slow): compiled (``half_types="compile"``, the default) with no fallback and
+# accurate by the rule for low precision. HALF_FAILURES: (key, dtype name) -> reason.
+HALF_FAILURES: dict[tuple[tuple[str, str], str], str] = {}
+
+
+def _half_params(dtype: torch.dtype):
+    out = []
+    for key in SELECTED:
+        if not OPINFOS[key].supports_dtype(dtype, "cpu") or key in UNINITIALIZED:
+            continue
+        reason = HALF_FAILURES.get((key, str(dtype)[6:])) or _known(key, 0)
+        marks = [pytest.mark.xfail(strict=True, reason=reason)] if reason else []
+        out.append(pytest.param(key, id=f"{_label(key)}-{str(dtype)[6:]}", marks=marks))
+    return out
+
+
+@pytest.mark.parametrize("key", _half_params(torch.bfloat16))
+def test_opinfo_bfloat16(key, request):
+    run_sample(key, 0, request, torch.bfloat16)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("key", _half_params(torch.float16))
+def test_opinfo_float16(key, request):
+    run_sample(key, 0, request, torch.float16)
 
 
 # ------------------------------------------------------------------------------ the other OpInfos

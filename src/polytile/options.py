@@ -127,12 +127,11 @@ class Options:
     max_specializations: int = 4
     """With ``dynamic="parametric"``: how many per-size versions a graph with symbolic
     contraction sizes gets before its parametric version serves every further size."""
-    half_types: str = "aten"
-    """Ops on bfloat16/float16 tensors: ``"aten"`` runs them in ATen (its half-precision kernels,
-    e.g. oneDNN's bf16 dot products, are faster than polytile's code for them today);
-    ``"compile"`` compiles them: each computes in float32 and rounds its result as eager does,
-    matmuls and convolutions on float32 copies of their operands (no fallback, about half
-    eager's speed on the models measured: benchmarks/README.md)."""
+    half_types: str = "compile"
+    """Ops on bfloat16/float16 tensors: ``"compile"`` compiles them (float32 arithmetic, rounded
+    to the half type at every stored result, see ``emulate_precision_casts``; matmuls and
+    convolutions read their half operands in place, bfloat16 ones as pair dot products where the
+    machine has them); ``"aten"`` leaves them to ATen's half-precision kernels."""
     row_blocks: bool = True
     """With ``dynamic="parametric"``, CPU target: the kernels of a parametric graph over a
     symbolic number of rows that include a matmul run in static blocks of rows compiled as
@@ -184,7 +183,7 @@ class Options:
                              f"got {kw['mm_conv_precision']!r}")
         if kw.get("dynamic", "parametric") not in ("parametric", "specialize"):
             raise ValueError(f"polytile: option 'dynamic' is 'parametric' or 'specialize'; got {kw['dynamic']!r}")
-        if kw.get("half_types", "aten") not in ("aten", "compile"):
+        if kw.get("half_types", "compile") not in ("aten", "compile"):
             raise ValueError(f"polytile: option 'half_types' is 'aten' or 'compile'; got {kw['half_types']!r}")
         if int(kw.get("max_specializations", 0)) < 0:
             raise ValueError("polytile: option 'max_specializations' must be >= 0")

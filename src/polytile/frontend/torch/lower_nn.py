@@ -5,7 +5,7 @@ import math
 
 import torch
 
-from ...dtypes import Unsupported
+from ...dtypes import LOW, Unsupported
 from ...graph import compose
 from .registry import lowers
 
@@ -208,6 +208,8 @@ def sdpa_flash_cpu(ctx, q, k, v, dropout_p=0.0, is_causal=False, *, attn_mask=No
         raise Unsupported("attention with dropout")
     k, v = repeat_kv_heads(b, q, k), repeat_kv_heads(b, q, v)
     out, _, s = _attention(b, q, k, v, attn_mask, is_causal, scale, safe=True)
+    if s.dtype in LOW:  # (eager's logsumexp of half-precision attention is float32)
+        s = b.cast(s, "float32")
     m = b.reduce("reduce_max", s, [-1], True)
     m = b.where(b.node("isinf", [m]), 0.0, m)  # a row of -inf only: no inf - inf
     lse = b.ew("add", b.ew("log", b.reduce("reduce_sum", b.ew("exp", b.ew("sub", s, m)), [-1], True)), m)
