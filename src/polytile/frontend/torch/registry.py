@@ -72,4 +72,4 @@ class Ctx:
 
 def ensure_loaded() -> None:
     """Import the modules that fill the table."""
-    from . import lower_backward, lower_elementwise, lower_nn, lower_reduce, lower_shape  # noqa: F401
+    from . import lower_backward, lower_elementwise, lower_nn, lower_quant, lower_reduce, lower_shape  # noqa: F401
