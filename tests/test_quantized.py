@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import polytile
+from polytile.bench.quantize import close_to_reference
 
 from machines import NUMERIC
 
@@ -44,7 +45,8 @@ def test_pt2e_int8_model_matches_pytorch_quantized_reference(name, make, shape, 
     torch._dynamo.reset()
     torch.manual_seed(0)
     x = torch.randn(*shape)
-    q = _quantized(make(), x)
+    float_model = make().eval()
+    q = _quantized(float_model, x)
     st0 = polytile.stats()
     f = torch.compile(q, backend="polytile", options={"fallback": False, "machine": {"preset": preset}})
     with torch.no_grad():
@@ -56,6 +58,9 @@ def test_pt2e_int8_model_matches_pytorch_quantized_reference(name, make, shape, 
     step = ref.abs().max() / 127  # (about one quantization step of the last layer's input scale, an upper bound)
     assert diff.max() <= 2 * step
     assert (diff > 1e-5 * ref.abs().max()).float().mean() <= 0.05
+    with torch.no_grad():
+        ok, details = close_to_reference(out, ref, float_model(x))  # (the rule of `bench models --quantize`)
+    assert ok, details
 
 
 def test_quantize_ops_round_half_to_even_and_saturate():

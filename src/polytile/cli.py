@@ -26,6 +26,8 @@ def main(argv: list[str] | None = None) -> int:
     m.add_argument("--out", default="bench-out", help="folder for report.md, results.json, speedup.png")
     m.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32",
                    help="the models' parameters and inputs in this type (every system runs them so)")
+    m.add_argument("--quantize", choices=["int8"], default=None,
+                   help="the models quantized by PyTorch 2 export quantization (x86 quantizer), every system the same")
     m.add_argument("--train", action="store_true",
                    help="training mode: gradients and SGD steps against eager, forward+backward step time")
     m.add_argument("--options", default=None, metavar="JSON",
@@ -148,8 +150,11 @@ def _bench_models(a, argv) -> int:
     dtype = None if a.dtype == "float32" else getattr(torch, a.dtype)
     if dtype is not None:
         env["dtype"] = a.dtype
+    if a.quantize:
+        env["quantized"] = f"{a.quantize} (PT2E, x86 quantizer)"
     results = suite.run_suite(specs, batch=a.batch, threads=a.threads, rounds=a.rounds, time_budget_s=a.budget,
-                              inductor=not a.no_inductor, on_result=save, options=extra, train=a.train, dtype=dtype)
+                              inductor=not a.no_inductor, on_result=save, options=extra, train=a.train, dtype=dtype,
+                              quantize=a.quantize)
     # again at the end, the larger kept (a reading taken while the host was busy is low)
     env[report.PEAK_KEY] = max(env[report.PEAK_KEY], round(fma_peak(a.threads) / 1e9, 1))
     paths = report.write_report(results, env, a.out, command)

@@ -15,6 +15,7 @@ from ..accuracy import check_accuracy, fp64_reference
 from ..benchmarking import time_side_by_side
 from . import zoo
 from .flops import contraction_gflop
+from .quantize import close_to_reference, int8_pt2e
 
 TOL = 1e-3  # DESIGN.md: HF/TIMM inference in fp32
 
@@ -77,7 +78,7 @@ def time_systems(res: ModelResult, fns: dict, eager_once: float, rounds: int, ti
 
 def run_model(spec: zoo.ModelSpec, *, batch: int | None = None, threads: int = 2, rounds: int = 10,
               time_budget_s: float = 60.0, inductor: bool = True, options: dict | None = None,
-              dtype: torch.dtype | None = None) -> ModelResult:
+              dtype: torch.dtype | None = None, quantize: str | None = None) -> ModelResult:
     import polytile
 
     res = ModelResult(spec.suite, spec.name, batch or spec.batch)
@@ -85,6 +86,11 @@ def run_model(spec: zoo.ModelSpec, *, batch: int | None = None, threads: int = 2
     polytile.reset_stats()
     try:
         w = zoo.build(spec, batch, dtype=dtype)
+        float_out = None
+        if quantize == "int8":
+            with torch.no_grad():
+                float_out = w()
+            w = int8_pt2e(w)
     except Exception as e:
         res.status, res.error = "fail_eager", "building the model: " + _short(e)
         return res
@@ -108,7 +114,8 @@ def run_model(spec: zoo.ModelSpec, *, batch: int | None = None, threads: int = 2
             return res
         st = polytile.stats()
         res.fallbacks, res.kernels = st["ops_fallen_back"], st["kernels_generated"]
-        ok, details = check_accuracy(out, ref, lambda: fp64_reference(w.model, w.kwargs or w.args), TOL)
+        ok, details = close_to_reference(out, ref, float_out) if quantize else \
+            check_accuracy(out, ref, lambda: fp64_reference(w.model, w.kwargs or w.args), TOL)
         res.accuracy = "pass" if ok else "FAIL: " + "; ".join(details)[:400]
         fns = {"eager": lambda: w(), "polytile": lambda: w(compiled)}
         if inductor:
@@ -177,11 +184,12 @@ def environment() -> dict[str, Any]:
 def run_suite(specs: list[zoo.ModelSpec], *, batch: int | None = None, threads: int = 2, rounds: int = 10,
               time_budget_s: float = 60.0, inductor: bool = True, progress: bool = True,
               on_result=None, options: dict | None = None, train: bool = False,
-              dtype: torch.dtype | None = None) -> list[ModelResult]:
+              dtype: torch.dtype | None = None, quantize: str | None = None) -> list[ModelResult]:
     """Every model of ``specs`` through ``run_model`` (or, with ``train``, ``train.run_train_model``);
-    ``dtype``: models and inputs in that floating-point type (inference only)."""
-    if dtype is not None and train:
-        raise ValueError("polytile bench: --dtype is for inference (not with --train)")
+    ``dtype``: models and inputs in that floating-point type; ``quantize="int8"``: the models
+    quantized by PyTorch 2 export quantization (``bench.quantize``; both inference only)."""
+    if (dtype is not None or quantize) and train:
+        raise ValueError("polytile bench: --dtype and --quantize are for inference (not with --train)")
     from .train import run_train_model
 
     run = run_train_model if train else run_model
@@ -197,7 +205,8 @@ def run_suite(specs: list[zoo.ModelSpec], *, batch: int | None = None, threads: 
             bar.set_description(spec.name)
         try:
             r = run(spec, batch=batch, threads=threads, rounds=rounds, time_budget_s=time_budget_s,
-                    inductor=inductor, options=options, **({"dtype": dtype} if dtype is not None else {}))
+                    inductor=inductor, options=options, **({"dtype": dtype} if dtype is not None else {}),
+                    **({"quantize": quantize} if quantize else {}))
         except Exception as e:  # never stop the suite
             r = ModelResult(spec.suite, spec.name, batch or spec.batch, status="fail_compile",
                             error=_short(e) + " | " + traceback.format_exc(limit=2).replace("\n", " ")[-200:])
