@@ -698,6 +698,17 @@ _aten("scalar-overloads", lambda x, i: (aten.add.Scalar(x, 2.5), aten.add.Scalar
                                         aten.bitwise_and.Scalar(i, 6), aten.bitwise_or.Scalar(i, 9), aten.remainder.Scalar(x, 1.5),
                                         aten.fmod.Scalar(x, 1.5), aten.pow.Tensor_Scalar(x, 3), aten.eq.Scalar(i, 2), aten.lt.Scalar(x, 0.5)),
       lambda: (wide(7, 13), ints(-20, 20, 7, 13)))
+import torch.ao.quantization.fx._decomposed  # noqa: E402,F401  (registers torch.ops.quantized_decomposed)
+_qd = torch.ops.quantized_decomposed
+# PT2E quantization's ops (tests/test_quantized.py has whole quantized models): saturation, ties,
+# per-channel parameters along a middle axis
+_aten("quantize-dequantize", lambda x, s, z, y: (
+    _qd.dequantize_per_tensor.default(_qd.quantize_per_tensor.default(x, 0.05, 7, 0, 255, torch.uint8), 0.05, 7, 0, 255,
+                                      torch.uint8),
+    _qd.quantize_per_tensor.default(y, 0.25, -3, -128, 127, torch.int8),
+    _qd.dequantize_per_channel.default(_qd.quantize_per_channel.default(x, s, z, 1, -128, 127, torch.int8), s, z, 1,
+                                       -128, 127, torch.int8)),
+      lambda: (wide(5, 13, 3), torch.rand(13) * 0.05 + 0.01, torch.randint(-3, 4, (13,)), wide(5, 13, 3) * 40))
 # Overloads without a tensor argument would run at trace time under fx.symbolic_trace: make_fx records them.
 _aten("creation", lambda x: (aten.zeros.default([3, 4]), aten.ones.default([2, 5], dtype=torch.int32), aten.zeros_like.default(x),
                              aten.ones_like.default(x), aten.fill.Scalar(x, 2.5),

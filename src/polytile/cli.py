@@ -44,6 +44,8 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--rounds", type=int, default=10)
     g.add_argument("--kind", action="append", choices=["gemm", "conv"], default=[])
     g.add_argument("--limit", type=int, default=None, help="first N shapes of each file")
+    g.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32",
+                   help="the operands in this type (the peak: vdpbf16ps's for bfloat16 where the CPU has it)")
     g.add_argument("--no-inductor", action="store_true")
     g.add_argument("--shapes-dir", default=None, help="default: ../shared/bench")
     g.add_argument("--out", default=None, help="also write report.md, results.json and speedup.png here")
@@ -193,8 +195,10 @@ def _bench_contractions(a, argv) -> int:
     if not shapes:
         print("polytile: cannot find shared/bench; pass --shapes-dir", file=sys.stderr)
         return 2
+    import torch
+
     text, results = contractions.run(shapes, threads=a.threads, rounds=a.rounds, inductor=not a.no_inductor,
-                                     kinds=tuple(a.kind or ("gemm", "conv")), limit=a.limit)
+                                     kinds=tuple(a.kind or ("gemm", "conv")), limit=a.limit, dtype=getattr(torch, a.dtype))
     return _report("Contraction benchmark", text, results, a.out, argv, contractions.chart)
 
 

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from ..benchmarking import format_table, time_side_by_side
-from .peak import fma_peak
+from .peak import bf16_dot_peak, fma_peak
 
 
 @dataclass(frozen=True)
@@ -57,11 +57,21 @@ def conv_cases(path: str) -> list[Case]:
     return out
 
 
+def _peak(threads: int, dtype: torch.dtype) -> tuple[float, str]:
+    """(FLOP/s, what it is): the vdpbf16ps peak for bfloat16 where the machine has it, else the FMA peak."""
+    if dtype == torch.bfloat16:
+        p = bf16_dot_peak(threads)
+        if p:
+            return p, "vdpbf16ps"
+    return fma_peak(threads), "FMA"
+
+
 def run(shapes_dir: str, threads: int = 2, rounds: int = 10, inductor: bool = True, kinds=("gemm", "conv"),
-        limit: int | None = None) -> tuple[str, list[dict]]:
+        limit: int | None = None, dtype: torch.dtype = torch.float32) -> tuple[str, list[dict]]:
+    """``dtype``: the operands in that type (every system the same)."""
     torch.set_num_threads(threads)
     torch.manual_seed(0)
-    peak = fma_peak(threads)
+    peak, peak_kind = _peak(threads, dtype)
     cases: list[Case] = []
     if "gemm" in kinds:
         cases += gemm_cases(os.path.join(shapes_dir, "gemm_shapes.csv"))[:limit]
@@ -70,10 +80,11 @@ def run(shapes_dir: str, threads: int = 2, rounds: int = 10, inductor: bool = Tr
     results, rows = [], []
     for case in cases:
         fn, args = case.make()
+        args = tuple(a.to(dtype) for a in args)
         torch._dynamo.reset()
         pt = torch.compile(fn, backend="polytile", options={"threads": threads})
         ref = fn(*args)
-        err = (pt(*args) - ref).abs().max().item() / max(1e-30, ref.abs().max().item())
+        err = (pt(*args).float() - ref.float()).abs().max().item() / max(1e-30, ref.float().abs().max().item())
         fns = {"eager": lambda: fn(*args), "polytile": lambda: pt(*args)}
         if inductor:
             ind = torch.compile(fn)
@@ -87,7 +98,7 @@ def run(shapes_dir: str, threads: int = 2, rounds: int = 10, inductor: bool = Tr
         results.append(res)
     # the peak again at the end, the larger kept: a measurement taken while something else
     # briefly held a core (a compile worker starting) gave half of it
-    peak = max(peak, fma_peak(threads))
+    peak = max(peak, _peak(threads, dtype)[0])
     for res in results:
         res["peak_fraction"] = res["polytile_gflops"] * 1e9 / peak
         rows.append([res["kind"], res["shape"], f"{res['eager_ms']:.3f}", f"{res.get('inductor_ms', float('nan')):.3f}",
@@ -95,14 +106,15 @@ def run(shapes_dir: str, threads: int = 2, rounds: int = 10, inductor: bool = Tr
                      f"{res['eager_ms'] / res['polytile_ms']:.2f}x",
                      f"{res['inductor_ms'] / res['polytile_ms']:.2f}x" if inductor else "-", f"{res['rel_err']:.1e}"])
     table = format_table(["kind", "shape", "eager ms", "Inductor ms", "polytile ms", "polytile GFLOP/s",
-                          "of FMA peak", "vs eager", "vs Inductor", "max rel err"], rows)
+                          f"of {peak_kind} peak", "vs eager", "vs Inductor", "max rel err"], rows)
     summ = []
     for kind in kinds:
         xs = [r["eager_ms"] / r["polytile_ms"] for r in results if r["kind"] == kind]
         if xs:
             summ.append(f"{kind}: geomean {math.exp(sum(map(math.log, xs)) / len(xs)):.2f}x vs eager, "
                         f"slowest row {min(xs):.2f}x")
-    head = (f"threads={threads}; measured FMA peak {peak / 1e9:.1f} GFLOP/s (generated vector FMA loop); "
+    head = (f"threads={threads}; operands {str(dtype)[6:]}; measured {peak_kind} peak {peak / 1e9:.1f} GFLOP/s "
+            f"(generated loop of independent {peak_kind} instructions); "
             f"median of {rounds} alternating rounds. " + "; ".join(summ))
     return head + "\n\n" + table, results
 

@@ -63,3 +63,55 @@ def fma_peak(threads: int, target: CPUMachine | None = None, options: Options | 
         lib.pt_peak.restype = ctypes.c_double
         lib.pt_peak.argtypes = [ctypes.c_long, ctypes.c_int]
         return max(lib.pt_peak(iters, threads) for _ in range(3))
+
+
+_BF16_SRC = r"""
+#include <omp.h>
+#include <immintrin.h>
+double pt_bf16_peak(long iters, int threads) {
+#if defined(__AVX512BF16__)
+  double t0 = omp_get_wtime();
+  float sink = 0;
+  #pragma omp parallel num_threads(threads) reduction(+:sink)
+  {
+    __m512bh x = (__m512bh)_mm512_set1_ps(1.0f), y = (__m512bh)_mm512_set1_ps(1e-9f);
+%(decl)s
+    for (long n = 0; n < iters; ++n) {
+%(body)s
+      __asm__("" : "+v"(x));
+    }
+    __m512 s = _mm512_setzero_ps();
+%(sum)s
+    sink += _mm512_reduce_add_ps(s);
+  }
+  double dt = omp_get_wtime() - t0;
+  return sink == 12345.0f ? 0 : 2.0 * 32 * %(acc)d * (double)iters * threads / dt;
+#else
+  return 0;
+#endif
+}
+"""
+
+
+def bf16_dot_peak(threads: int, options: Options | None = None, iters: int = 20_000_000) -> float:
+    """FLOP/s of a loop of independent ``vdpbf16ps`` (32 bfloat16 multiply-adds each) on
+    ``threads`` threads, best of three; 0 where the compiler does not target AVX512_BF16."""
+    o = options or Options()
+    acc = 24
+    names = [f"a{j}" for j in range(acc)]
+    src = _BF16_SRC % {
+        "decl": "\n".join(f"    __m512 {a} = _mm512_set1_ps({j + 1}.0f);" for j, a in enumerate(names)),
+        "body": "\n".join(f"      {a} = _mm512_dpbf16_ps({a}, x, y);" for a in names),
+        "sum": "\n".join(f"    s = _mm512_add_ps(s, {a});" for a in names),
+        "acc": acc,
+    }
+    with tempfile.TemporaryDirectory(prefix="polytile-peak-") as d:
+        c, so = os.path.join(d, "peak.c"), os.path.join(d, "peak.so")
+        with open(c, "w") as f:
+            f.write(src)
+        subprocess.run([o.cc, *o.cflags, "-fopenmp", "-shared", "-fPIC", c, "-o", so], check=True,
+                       capture_output=True)
+        lib = ctypes.CDLL(so)
+        lib.pt_bf16_peak.restype = ctypes.c_double
+        lib.pt_bf16_peak.argtypes = [ctypes.c_long, ctypes.c_int]
+        return max(lib.pt_bf16_peak(iters, threads) for _ in range(3))
