@@ -97,6 +97,12 @@ def element_index(ld: Load) -> Expr:
     return mul(ld.index, c(2)) if element_type(ld.dtype) == PAIR else ld.index
 
 
+def widened(e: Expr) -> Expr:
+    """``e`` as float32 where it is of a half type (exact: a contraction's operand, a value
+    kept in a float32 temp); ``e`` itself otherwise."""
+    return Op("cast", (e,), "float32") if e.dtype in LOW else e
+
+
 def widening(e: Expr) -> bool:
     """Whether ``e`` is a load of a half-precision element read as float32 (a contraction's
     operand in bfloat16: converted where it is read, no float32 copy of the tensor)."""

@@ -53,16 +53,22 @@ def fma_peak(threads: int, target: CPUMachine | None = None, options: Options | 
         # multiply-adds fused as in the contraction kernels (the default flags keep them apart)
         "fma": FMA_ATTRIBUTE,
     }
+    return _best_of_three(src, "pt_peak", o, iters, threads)
+
+
+def _best_of_three(src: str, fn: str, o: Options, iters: int, threads: int) -> float:
+    """The C loop ``src`` built with the kernels' compiler and flags; its function ``fn``'s
+    FLOP/s, best of three runs."""
     with tempfile.TemporaryDirectory(prefix="polytile-peak-") as d:
         c, so = os.path.join(d, "peak.c"), os.path.join(d, "peak.so")
         with open(c, "w") as f:
             f.write(src)
         subprocess.run([o.cc, *o.cflags, "-fopenmp", "-shared", "-fPIC", c, "-o", so], check=True,
                        capture_output=True)
-        lib = ctypes.CDLL(so)
-        lib.pt_peak.restype = ctypes.c_double
-        lib.pt_peak.argtypes = [ctypes.c_long, ctypes.c_int]
-        return max(lib.pt_peak(iters, threads) for _ in range(3))
+        run = getattr(ctypes.CDLL(so), fn)
+        run.restype = ctypes.c_double
+        run.argtypes = [ctypes.c_long, ctypes.c_int]
+        return max(run(iters, threads) for _ in range(3))
 
 
 _BF16_SRC = r"""
@@ -105,13 +111,4 @@ def bf16_dot_peak(threads: int, options: Options | None = None, iters: int = 20_
         "sum": "\n".join(f"    s = _mm512_add_ps(s, {a});" for a in names),
         "acc": acc,
     }
-    with tempfile.TemporaryDirectory(prefix="polytile-peak-") as d:
-        c, so = os.path.join(d, "peak.c"), os.path.join(d, "peak.so")
-        with open(c, "w") as f:
-            f.write(src)
-        subprocess.run([o.cc, *o.cflags, "-fopenmp", "-shared", "-fPIC", c, "-o", so], check=True,
-                       capture_output=True)
-        lib = ctypes.CDLL(so)
-        lib.pt_bf16_peak.restype = ctypes.c_double
-        lib.pt_bf16_peak.argtypes = [ctypes.c_long, ctypes.c_int]
-        return max(lib.pt_bf16_peak(iters, threads) for _ in range(3))
+    return _best_of_three(src, "pt_bf16_peak", o, iters, threads)

@@ -15,9 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from ..affine.ir import (Assign, Const, Expr, For, If, Kernel, Let, Load, Op, Stmt, Store, Var, add, c, load_of, mul,
-                         trip_count, walk_exprs)
+                         trip_count, walk_exprs, widened)
 from ..affine.linear import linear_form, to_expr
-from ..dtypes import LOW
 from .fusion_util import map_expr, subst_vars
 
 
@@ -45,15 +44,11 @@ class Nest:
     # stored in a half type (a bfloat16 matmul reads them as they are, no float32 copies)
     @property
     def xv(self) -> Expr:
-        return self.xval if self.xval is not None else _value(self.x)
+        return self.xval if self.xval is not None else widened(self.x)
 
     @property
     def yv(self) -> Expr:
-        return self.yval if self.yval is not None else _value(self.y)
-
-
-def _value(ld: Load) -> Expr:
-    return Op("cast", (ld,), "float32") if ld.dtype in LOW else ld
+        return self.yval if self.yval is not None else widened(self.y)
 
 
 def _operand(e: Expr) -> Load | None:

@@ -6,8 +6,8 @@ the producer and its consumer in one kernel, the consumer reads ``cast<float32>(
 here it reads ``x`` instead, the float32 value, as Inductor's kernels do. The result is more
 accurate than eager's (one rounding, at the store, instead of one per op), and differs from
 it where eager's intermediate roundings matter (most where terms cancel); a value stored to
-memory, a kernel's output or an intermediate tensor, is still rounded at its store. A user's own cast (``x.to(bfloat16)``) is a
-``cast``, never left out. ``Options.emulate_precision_casts`` skips this pass (eager's bits).
+memory, a kernel's output or an intermediate tensor, is still rounded at its store. A user's
+own cast (``x.to(bfloat16)``) is a ``cast``, never left out. ``Options.emulate_precision_casts`` skips this pass (eager's bits).
 """
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from ..affine.ir import (INDEX, Alloc, Assign, Const, Expr, For, If, Kernel, Let, Load, Op, Prefetch, Stmt, Store, Var,
                         add, as_vector, c, element_index, in_register, lanes, load_of, mul, vector_type,
-                        walk_exprs)
+                        walk_exprs, widened)
 from ..affine.linear import linear_form, uses_var
 from ..affine.transpose import transposed_block
 from .contraction_nest import Nest, epilogue_store, in_group
@@ -407,11 +407,6 @@ def out_kernel(k: Kernel, n: Nest, tbuf: str, M: int, N: int, vw: int, line: int
     if N % line:
         body.append(For("j", c(nb * line), c(N), (For("i", c(0), c(M), (move(Var("j")),)),), parallel=True))
     return Kernel(f"{k.name}_out", tuple(body), f"epilogue of {k.origin}"[:160])
-
-
-def widened(v: Expr) -> Expr:
-    """A value of a half type as float32 (exact), for a float32 temp."""
-    return Op("cast", (v,), "float32") if v.dtype in LOW else v
 
 
 def narrowed(v: Expr, dtype: str) -> Expr:
