@@ -8,7 +8,9 @@ ALL = FLOATS + INTS + ("bool",)
 
 ITEMSIZE = {"bfloat16": 2, "float16": 2, "float32": 4, "float64": 8, "int64": 8, "int32": 4, "int16": 2, "int8": 1,
             "uint8": 1, "bool": 1,
-            "bf16pair": 4}  # (two bfloat16 elements read as one: affine.ir.PAIR, inside contractions only)
+            # (groups of bfloat16 or 8-bit elements read as one 32-bit element: affine.ir.GROUPS,
+            # inside contractions only)
+            "bf16pair": 4, "u8quad": 4, "i8quad": 4}
 
 
 def is_float(dt: str) -> bool:

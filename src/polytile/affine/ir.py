@@ -85,29 +85,38 @@ def in_register(e: Expr) -> Op:
 
 PAIR = "bf16pair"  # two consecutive bfloat16 elements as one 32-bit element, indexed in pairs
 # (a bfloat16 dot-product operand, ``transform.bf16_pairs``); read through ``pair_bits``
+QUAD_U8, QUAD_I8 = "u8quad", "i8quad"  # four consecutive uint8 / int8 elements as one, likewise
+# (an int8 dot-product operand, ``transform.int8_quads``)
+GROUPS = {PAIR: ("bfloat16", 2), QUAD_U8: ("uint8", 4), QUAD_I8: ("int8", 4)}  # element, count
 
 
 def converted_read(e: Expr) -> bool:
-    """Whether ``e`` is a load read through a conversion (``widening``, or a pair's bits)."""
+    """Whether ``e`` is a load read through a conversion (``widening``, or a group's bits)."""
     return widening(e) or (isinstance(e, Op) and e.fn == "pair_bits" and isinstance(e.args[0], Load))
 
 
 def element_index(ld: Load) -> Expr:
     """The index of a load's first element in its buffer's elements."""
-    return mul(ld.index, c(2)) if element_type(ld.dtype) == PAIR else ld.index
+    g = GROUPS.get(element_type(ld.dtype))
+    return mul(ld.index, c(g[1])) if g else ld.index
+
+
+# types whose values float32 holds exactly: half types, and the 8-bit integers of quantized
+# tensors (``graph.quantized``); contractions read them in place, converting as they read
+WIDENS = (*LOW, "int8", "uint8")
 
 
 def widened(e: Expr) -> Expr:
-    """``e`` as float32 where it is of a half type (exact: a contraction's operand, a value
-    kept in a float32 temp); ``e`` itself otherwise."""
-    return Op("cast", (e,), "float32") if e.dtype in LOW else e
+    """``e`` as float32 where it is of a type ``WIDENS`` names (exact: a contraction's operand,
+    a value kept in a float32 temp); ``e`` itself otherwise."""
+    return Op("cast", (e,), "float32") if e.dtype in WIDENS else e
 
 
 def widening(e: Expr) -> bool:
-    """Whether ``e`` is a load of a half-precision element read as float32 (a contraction's
-    operand in bfloat16: converted where it is read, no float32 copy of the tensor)."""
+    """Whether ``e`` is a load of a narrow element (``WIDENS``) read as float32 (a contraction's
+    operand in bfloat16 or int8: converted where it is read, no float32 copy of the tensor)."""
     return (isinstance(e, Op) and e.fn == "cast" and element_type(e.dtype) == "float32"
-            and isinstance(e.args[0], Load) and element_type(e.args[0].dtype) in LOW)
+            and isinstance(e.args[0], Load) and element_type(e.args[0].dtype) in WIDENS)
 
 
 def load_of(e: Expr) -> Expr:

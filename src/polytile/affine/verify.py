@@ -1,7 +1,7 @@
 """Verifier of the affine IR: run after every pass when ``Options.verify`` is set."""
 from __future__ import annotations
 
-from .ir import (INDEX, PAIR, SIZE_PREFIX, element_type, Alloc, Assign, Const, Expr, Fail, For, If, Let, Load, Op, Prefetch, Program, Stmt,
+from .ir import (GROUPS, INDEX, SIZE_PREFIX, element_type, Alloc, Assign, Const, Expr, Fail, For, If, Let, Load, Op, Prefetch, Program, Stmt,
                  Store, Var, stmt_exprs, walk_exprs)
 
 
@@ -82,7 +82,7 @@ def _check_expr(e: Expr, bufs, scalars, ivs, where) -> None:
             b = bufs.get(x.buf)
             if b is None:
                 raise VerifyError(f"{where}: load from unknown buffer {x.buf}")
-            if b.dtype != element_type(x.dtype) and not (element_type(x.dtype) == PAIR and b.dtype == "bfloat16"):
+            if b.dtype != element_type(x.dtype) and GROUPS.get(element_type(x.dtype), ("",))[0] != b.dtype:
                 raise VerifyError(f"{where}: load of {x.dtype} from {b.dtype} buffer {x.buf}")
             if x.index.dtype != INDEX:
                 raise VerifyError(f"{where}: index of type {x.index.dtype}")

@@ -5,7 +5,7 @@ import math
 import struct
 from typing import Callable
 
-from ..affine.ir import (PAIR, SIZE_PREFIX, Alloc, Assign, Const, Expr, Fail, For, If, Let, Load, Op, Prefetch, Program,
+from ..affine.ir import (GROUPS, PAIR, SIZE_PREFIX, Alloc, Assign, Const, Expr, Fail, For, If, Let, Load, Op, Prefetch, Program,
                          Stmt, Store, Var, buffers_used, element_type, kernel_size_params, lanes, rename_buffers, size_expr,
                          structure_key, walk_exprs)
 from ..affine.transpose import interleave_mask
@@ -18,9 +18,10 @@ CTYPE = {"float32": "float", "float64": "double", "int64": "int64_t", "int32": "
          "bfloat16": "uint16_t", "float16": "_Float16",
          # vectors (GCC vector extensions; aligned(4): loads and stores through them may be unaligned)
          "float32x4": "pt_f32x4", "float32x8": "pt_f32x8", "float32x16": "pt_f32x16",
-         **{f"{t}x{n}": f"pt_{s}x{n}" for t, s in (("bfloat16", "bf16"), ("float16", "f16")) for n in (4, 8, 16)},
-         # bfloat16 pairs (``affine.ir.PAIR``), read as the bits of floats
-         PAIR: "pt_pair", **{f"{PAIR}x{n}": f"pt_pairx{n}" for n in (4, 8, 16)}}
+         **{f"{t}x{n}": f"pt_{s}x{n}" for t, s in (("bfloat16", "bf16"), ("float16", "f16"), ("int8", "i8"),
+                                                     ("uint8", "u8")) for n in (4, 8, 16)},
+         # bfloat16 pairs and int8 quads (``affine.ir.GROUPS``), read as the bits of floats
+         **{g: f"pt_{g[-4:]}" for g in GROUPS}, **{f"{g}x{n}": f"pt_{g[-4:]}x{n}" for g in GROUPS for n in (4, 8, 16)}}
 
 def _f(fname: str) -> Callable[[list[str], str], str]:
     """A libm function: float variant with the f suffix, double without, ints via double."""
@@ -111,6 +112,10 @@ OPS["pick_lanes"] = lambda a, d, t: f"pt_pick_f32x{lanes(d)}({a[0]}, {a[1]}, {a[
 OPS["pair_bits"] = lambda a, d, t: a[0]  # (the load of a pair already reads a float's bits)
 OPS["pair_of"] = lambda a, d, t: f"pt_pair_of_x{lanes(d)}({a[0]}, {a[1]})" if lanes(d) > 1 else f"pt_pair_of({a[0]}, {a[1]})"
 OPS["dot2"] = lambda a, d, t: f"pt_dot2_f32x{lanes(d)}({a[0]}, {a[1]}, {a[2]})"
+# int8 quads: int32 lanes in float registers (bits), the row operand's quad unsigned (us) or signed (su)
+OPS["dot4us"] = lambda a, d, t: f"pt_dot4us_x{lanes(d)}({a[0]}, {a[1]}, {a[2]})"
+OPS["dot4su"] = lambda a, d, t: f"pt_dot4su_x{lanes(d)}({a[0]}, {a[1]}, {a[2]})"
+OPS["i32_float"] = lambda a, d, t: f"__builtin_convertvector((pt_i32x{lanes(d)})({a[0]}), pt_f32x{lanes(d)})"
 OPS["in_register"] = lambda a, d, t: f"PT_REG{lanes(d)}({a[0]})" if lanes(d) in (4, 8, 16) else a[0]
 _scalar_exp = OPS["exp"]
 OPS["exp"] = lambda a, d, t: f"pt_exp_f32x{lanes(d)}({a[0]})" if lanes(d) > 1 else _scalar_exp(a, d, t)
@@ -145,8 +150,8 @@ def expr(e: Expr) -> str:
         return const(e.value, e.dtype)
     if isinstance(e, Var):
         return e.name
-    if isinstance(e, Load) and element_type(e.dtype) == PAIR:  # (indexed in pairs)
-        at = f"((const pt_pair*)({e.buf}))[{expr(e.index)}]"
+    if isinstance(e, Load) and element_type(e.dtype) in GROUPS:  # (indexed in groups)
+        at = f"((const {CTYPE[element_type(e.dtype)]}*)({e.buf}))[{expr(e.index)}]"
         return f"(*(const {CTYPE[e.dtype]}*)&{at})" if lanes(e.dtype) > 1 else at
     if isinstance(e, Load):
         if lanes(e.dtype) > 1:
@@ -195,14 +200,15 @@ def _bf16_round_trip(e: Op) -> bool:
 
 
 def _vector_cast(e: Op) -> str:
-    """A vector of a half type to float32 or back (contraction operands and temps)."""
+    """A vector of a half type to float32 or back, of int8/uint8 to float32 (contraction
+    operands and temps)."""
     (x,) = e.args
     n, src, dst = lanes(e.dtype), x.dtype.rpartition("x")[0], e.dtype.rpartition("x")[0]
     if (src, dst) == ("bfloat16", "float32"):
         return f"pt_bf16_f32x{n}({expr(x)})"
     if (src, dst) == ("float32", "bfloat16"):
         return f"pt_f32_bf16x{n}({expr(x)})"
-    if {src, dst} == {"float16", "float32"}:
+    if {src, dst} == {"float16", "float32"} or (src in ("int8", "uint8") and dst == "float32"):
         return f"__builtin_convertvector({expr(x)}, {CTYPE[e.dtype]})"
     raise NotImplementedError(f"C renderer: no vector cast from {x.dtype} to {e.dtype}")
 

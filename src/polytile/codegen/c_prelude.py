@@ -171,6 +171,9 @@ _HALF_VECTORS = "".join(
     f"typedef uint16_t pt_bf16x{n} __attribute__((vector_size({2 * n}), aligned(2)));\n"
     f"typedef _Float16 pt_f16x{n} __attribute__((vector_size({2 * n}), aligned(2)));\n"
     f"typedef uint32_t pt_u32x{n} __attribute__((vector_size({4 * n})));\n"
+    # (int8 and uint8: quantized contraction operands, converted exactly to float32 lanes)
+    f"typedef int8_t pt_i8x{n} __attribute__((vector_size({n}), aligned(1)));\n"
+    f"typedef uint8_t pt_u8x{n} __attribute__((vector_size({n}), aligned(1)));\n"
     f"static inline pt_f32x{n} pt_bf16_f32x{n}(pt_bf16x{n} h) {{\n"
     f"  return (pt_f32x{n})(__builtin_convertvector(h, pt_u32x{n}) << 16); }}\n"
     f"static inline pt_bf16x{n} pt_f32_bf16x{n}(pt_f32x{n} f) {{\n"
@@ -210,5 +213,39 @@ static inline pt_f32x4 pt_dot2_f32x4(pt_f32x4 acc, float x, pt_f32x4 y) {
 #define pt_dot2_f32x4 pt_dot2_emul_f32x4
 #endif
 """
+# int8 quads (``transform.int8_quads``): four consecutive bytes read as the bits of one float,
+# their dot products summed into int32 lanes kept in float registers (bits): vpdpbusd where the
+# compiler targets AVX512-VNNI, else the same integer arithmetic. The row operand's quad x is
+# broadcast; us: x unsigned, y signed; su: x signed, y unsigned
+_QUADS = "typedef float pt_quad __attribute__((may_alias, aligned(1)));\n" + "".join(
+    f"typedef float pt_quadx{n} __attribute__((vector_size({4 * n}), may_alias, aligned(1)));\n"
+    f"static inline pt_f32x{n} pt_dot4_emul_x{n}(pt_f32x{n} acc, pt_u32x{n} u, pt_u32x{n} s) {{\n"
+    f"  pt_i32x{n} a = (pt_i32x{n})acc;\n"
+    + "".join(f"  a += (pt_i32x{n})((u >> {8 * k}) & 0xffu) * ((pt_i32x{n})(s << {24 - 8 * k}) >> 24);\n" for k in range(4))
+    + f"  return (pt_f32x{n})a; }}\n"
+    f"static inline pt_u32x{n} pt_quad_all_x{n}(float x) {{\n"
+    f"  uint32_t u; __builtin_memcpy(&u, &x, 4); return (pt_u32x{n}){{}} + u; }}\n" for n in (4, 8, 16)) + r"""#if defined(__x86_64__) && defined(__AVX512VNNI__)
+#include <immintrin.h>
+static inline pt_f32x16 pt_dot4us_x16(pt_f32x16 acc, float x, pt_f32x16 y) {
+  return (pt_f32x16)_mm512_dpbusd_epi32((__m512i)acc, (__m512i)pt_quad_all_x16(x), (__m512i)y); }
+static inline pt_f32x16 pt_dot4su_x16(pt_f32x16 acc, float x, pt_f32x16 y) {
+  return (pt_f32x16)_mm512_dpbusd_epi32((__m512i)acc, (__m512i)y, (__m512i)pt_quad_all_x16(x)); }
+#else
+#define pt_dot4us_x16(acc, x, y) pt_dot4_emul_x16(acc, pt_quad_all_x16(x), (pt_u32x16)(y))
+#define pt_dot4su_x16(acc, x, y) pt_dot4_emul_x16(acc, (pt_u32x16)(y), pt_quad_all_x16(x))
+#endif
+#if defined(__x86_64__) && defined(__AVX512VNNI__) && defined(__AVX512VL__)
+static inline pt_f32x8 pt_dot4us_x8(pt_f32x8 acc, float x, pt_f32x8 y) {
+  return (pt_f32x8)_mm256_dpbusd_epi32((__m256i)acc, (__m256i)pt_quad_all_x8(x), (__m256i)y); }
+static inline pt_f32x8 pt_dot4su_x8(pt_f32x8 acc, float x, pt_f32x8 y) {
+  return (pt_f32x8)_mm256_dpbusd_epi32((__m256i)acc, (__m256i)y, (__m256i)pt_quad_all_x8(x)); }
+static inline pt_f32x4 pt_dot4us_x4(pt_f32x4 acc, float x, pt_f32x4 y) {
+  return (pt_f32x4)_mm_dpbusd_epi32((__m128i)acc, (__m128i)pt_quad_all_x4(x), (__m128i)y); }
+static inline pt_f32x4 pt_dot4su_x4(pt_f32x4 acc, float x, pt_f32x4 y) {
+  return (pt_f32x4)_mm_dpbusd_epi32((__m128i)acc, (__m128i)y, (__m128i)pt_quad_all_x4(x)); }
+#else
+""" + "".join(f"#define pt_dot4us_x{n}(acc, x, y) pt_dot4_emul_x{n}(acc, pt_quad_all_x{n}(x), (pt_u32x{n})(y))\n"
+              f"#define pt_dot4su_x{n}(acc, x, y) pt_dot4_emul_x{n}(acc, (pt_u32x{n})(y), pt_quad_all_x{n}(x))\n"
+              for n in (4, 8)) + "#endif\n"
 PRELUDE = (_PRELUDE_HEAD + "".join(_VECTOR_EXP.format(n=n) + _VECTOR_EXP2.format(n=n) for n in (4, 8)) + _AVX512_EXP
-           + _KEEP_LANES + _HALF_VECTORS + _PAIRS + _IN_REGISTER + _PRELUDE_TAIL)
+           + _KEEP_LANES + _HALF_VECTORS + _PAIRS + _QUADS + _IN_REGISTER + _PRELUDE_TAIL)

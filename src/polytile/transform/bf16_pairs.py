@@ -33,19 +33,20 @@ if TYPE_CHECKING:
     from ..backends.cpu.machine import CPUMachine
 
 
-def _in_pairs(ld: Load, r: str) -> Load | None:
-    """``ld`` (reduction index r = 2 r') as a load of pairs, where it walks r contiguously and
-    its other strides and offset are even (pairs stay whole and aligned to pairs)."""
-    lf = linear_form(subst_vars(ld, {r: mul(Var(r), c(2))}).index)
-    if lf is None or lf[0].get(r, 0) != 2 or lf[1] % 2 or any(k % 2 for k in lf[0].values()):
+def in_groups(ld: Load, r: str, g: int = 2, group: str = PAIR) -> Load | None:
+    """``ld`` (reduction index r = g r') as a load of groups of g elements (``group``: an
+    ``affine.ir.GROUPS`` type), where it walks r contiguously and its other strides and offset
+    are multiples of g (groups stay whole and aligned to groups)."""
+    lf = linear_form(subst_vars(ld, {r: mul(Var(r), c(g))}).index)
+    if lf is None or lf[0].get(r, 0) != g or lf[1] % g or any(k % g for k in lf[0].values()):
         return None
-    return Load(ld.buf, to_expr({v: k // 2 for v, k in lf[0].items()}, lf[1] // 2), PAIR)
+    return Load(ld.buf, to_expr({v: k // g for v, k in lf[0].items()}, lf[1] // g), group)
 
 
 def _pair(ld: Load, r: str) -> tuple[Load, Op] | None:
     """(the load the nest's analyses see, the pair's value) of operand ``ld`` over pairs of r:
     in place where it walks r contiguously, else two elements one r-step apart."""
-    p = _in_pairs(ld, r)
+    p = in_groups(ld, r)
     if p is not None:
         return p, Op("pair_bits", (p,), "float32")
     lf = linear_form(ld.index)

@@ -38,7 +38,8 @@ class Nest:
     # the operands' values where they are not the loads as float32 (``bf16_pairs``)
     xval: Expr | None = None
     yval: Expr | None = None
-    pairs: bool = False  # the reduction runs over pairs of elements, multiplied by ``dot2``
+    pairs: bool = False  # the reduction runs over groups of elements (pairs or quads), multiplied by ``dot``
+    dot: str = "dot2"  # bfloat16 pairs (``bf16_pairs``), or int8 quads into int32 lanes (``int8_quads``)
 
     # the operands' values: the loads, or their float32 conversions where the operands are
     # stored in a half type (a bfloat16 matmul reads them as they are, no float32 copies)

@@ -34,6 +34,7 @@ from .contraction_plan import At, ContractionPlan, KBlock, Panels, RowMajor, XPa
 from .contraction_sizes import k_block, reduction_block, tile_sizes, wide_tile
 from ..dtypes import LOW
 from .bf16_pairs import paired
+from .int8_quads import quads
 from .dot_form import dot_form
 from .fusion_util import subst_vars
 from .panel_pack import panel_packer
@@ -89,6 +90,8 @@ def tile_contractions(p: Program, target: CPUMachine, prefetch: bool = True) -> 
             continue
         if n is not None and (pn := paired(n, target)) is not None:  # bfloat16 pairs (``bf16_pairs``)
             n, K = pn, K // 2
+        elif n is not None and (pn := quads(n, target)) is not None:  # int8 quads (``int8_quads``)
+            n, K = pn, K // 4
         # a reduction too long for a packed panel in L2 runs in blocks of KC (see ``k_block``)
         kc = k_block(n, K, nr0, target) if n is not None else 0
         # fewer rows than a register tile: one row tile meets each packed panel, worth it for an

@@ -188,7 +188,9 @@ def row_tiles(plan: ContractionPlan, g: RowGroup, nv: int, src: At, width: int, 
     inner: list[Stmt] = [Let(f"yv{y}", vt, pin(Load(src.buf, add(src.index, c(y * vw)), vt))) for y in range(nv)]
     xr = in_group(n.xv, rn, n.rloops, Rg)
     row0 = add(i0, mul(Var(io), c(mr)))
-    chunked = kblock is None and isinstance(kc, int) and kc > 2 * SUM_CHUNK
+    # (int8 quads sum exactly in int32 lanes: no chunks, converted to float32 after the loop)
+    ints = n.dot != "dot2"
+    chunked = kblock is None and isinstance(kc, int) and kc > 2 * SUM_CHUNK and not ints
     # X read in place with rows that share L1 sets: the tile's rows are copied, a chunk of the
     # reduction at a time, into ``xrows`` whose rows lie one cache line further apart
     # (tiles of 2 vectors only: 9 x 3 reads X a third less often per FMA and loses more to the
@@ -211,8 +213,8 @@ def row_tiles(plan: ContractionPlan, g: RowGroup, nv: int, src: At, width: int, 
             xval = subst_vars(xr, {i: add(row0, c(x))})
         inner.append(Let(f"xs{x}", "float32", xval))
         for y in range(nv):
-            if n.pairs:  # (bits of bfloat16 pairs: broadcast bitwise by dot2 itself)
-                acc = Op("dot2", (Var(accs[x][y], vt), Var(f"xs{x}", "float32"), Var(f"yv{y}", vt)), vt)
+            if n.pairs:  # (bits of bfloat16 pairs or int8 quads: broadcast bitwise by the dot op itself)
+                acc = Op(n.dot, (Var(accs[x][y], vt), Var(f"xs{x}", "float32"), Var(f"yv{y}", vt)), vt)
             else:
                 acc = Op("add", (Var(accs[x][y], vt), Op("mul", (Op("broadcast", (Var(f"xs{x}", "float32"),), vt),
                                                                  Var(f"yv{y}", vt)), vt)), vt)
@@ -264,6 +266,8 @@ def row_tiles(plan: ContractionPlan, g: RowGroup, nv: int, src: At, width: int, 
     else:
         body += copy_rows(c(0), c(kc))
         body.append(For(R.name, c(0), c(kc), tuple(inner)))
+        if ints:
+            body += [Assign(accs[x][y], Op("i32_float", (Var(accs[x][y], vt),), vt)) for x in range(mr) for y in range(nv)]
     if kblock is not None:
         # the block's partial sums start from zero and are added to the earlier blocks' total
         # after it (two-level summation: 128 x 16384 dot products come out with about half the

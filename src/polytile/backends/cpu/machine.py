@@ -44,6 +44,12 @@ class CPUMachine:
         return "avx512_bf16" in self.isa
 
     @property
+    def int8_dot(self) -> bool:
+        """Whether the machine has an int8 dot product of four-byte groups into int32 lanes
+        (AVX512-VNNI's ``vpdpbusd``): quantized contractions then multiply groups of four."""
+        return "avx512_vnni" in self.isa
+
+    @property
     def l1_way_bytes(self) -> int:
         """Bytes of one L1 way: addresses this far apart map to the same set."""
         return self.l1d_bytes // self.l1d_ways
@@ -54,8 +60,8 @@ _AVX512 = ("sse4_2", "avx", "avx2", "fma", "avx512f", "avx512vl", "avx512bw")
 # Named descriptions of the hosts polytile is tested on (2 cores, as the CI machines have)
 PRESETS: dict[str, CPUMachine] = {
     "xeon-avx512": CPUMachine("x86_64", _AVX512, 64, 32, True, 48 * _KIB, 2 * _MIB, 32 * _MIB, 2, l1d_ways=12),
-    "zen4": CPUMachine("x86_64", _AVX512 + ("avx512_bf16",), 64, 32, True, 32 * _KIB, 1 * _MIB, 32 * _MIB, 2, l1d_ways=8),
-    "zen5": CPUMachine("x86_64", _AVX512 + ("avx512_bf16",), 64, 32, True, 48 * _KIB, 1 * _MIB, 32 * _MIB, 2, l1d_ways=12),
+    "zen4": CPUMachine("x86_64", _AVX512 + ("avx512_bf16", "avx512_vnni"), 64, 32, True, 32 * _KIB, 1 * _MIB, 32 * _MIB, 2, l1d_ways=8),
+    "zen5": CPUMachine("x86_64", _AVX512 + ("avx512_bf16", "avx512_vnni"), 64, 32, True, 48 * _KIB, 1 * _MIB, 32 * _MIB, 2, l1d_ways=12),
     "zen3": CPUMachine("x86_64", ("sse4_2", "avx", "avx2", "fma"), 32, 16, True, 32 * _KIB, 512 * _KIB,
                        32 * _MIB, 2, l1d_ways=8),
     "sse": CPUMachine("x86_64", ("sse4_2",), 16, 16, False, 32 * _KIB, 256 * _KIB, 8 * _MIB, 2, l1d_ways=8),
@@ -63,7 +69,7 @@ PRESETS: dict[str, CPUMachine] = {
 }
 
 
-_ISA = ("sse4_2", "avx", "avx2", "fma", "avx512f", "avx512vl", "avx512bw", "avx512_bf16", "neon", "asimd", "sve")
+_ISA = ("sse4_2", "avx", "avx2", "fma", "avx512f", "avx512vl", "avx512bw", "avx512_bf16", "avx512_vnni", "neon", "asimd", "sve")
 
 
 def _cpu_flags() -> set[str]:
