@@ -131,7 +131,7 @@ def reread(e: Expr, ld: Load) -> Expr:
 
 def as_vector(e: Expr, n: int) -> Expr:
     """``e`` (a load, or a widening read of one) as the vector of its ``n`` consecutive elements."""
-    if isinstance(e, Op) and (converted_read(e) or e.fn == "pair_of"):
+    if isinstance(e, Op) and (converted_read(e) or e.fn in ("pair_of", "quad_of")):
         return Op(e.fn, tuple(as_vector(a, n) for a in e.args), vector_type(element_type(e.dtype), n))
     assert isinstance(e, Load), e
     return replace(e, dtype=vector_type(element_type(e.dtype), n))

@@ -115,6 +115,8 @@ OPS["dot2"] = lambda a, d, t: f"pt_dot2_f32x{lanes(d)}({a[0]}, {a[1]}, {a[2]})"
 # int8 quads: int32 lanes in float registers (bits), the row operand's quad unsigned (us) or signed (su)
 OPS["dot4us"] = lambda a, d, t: f"pt_dot4us_x{lanes(d)}({a[0]}, {a[1]}, {a[2]})"
 OPS["dot4su"] = lambda a, d, t: f"pt_dot4su_x{lanes(d)}({a[0]}, {a[1]}, {a[2]})"
+OPS["quad_of"] = lambda a, d, t: (f"pt_quad_of_x{lanes(d)}({', '.join(f'(pt_u8x{lanes(d)})({x})' for x in a)})"
+                                  if lanes(d) > 1 else f"pt_quad_of({', '.join(f'(uint8_t)({x})' for x in a)})")
 OPS["i32_float"] = lambda a, d, t: f"__builtin_convertvector((pt_i32x{lanes(d)})({a[0]}), pt_f32x{lanes(d)})"
 OPS["in_register"] = lambda a, d, t: f"PT_REG{lanes(d)}({a[0]})" if lanes(d) in (4, 8, 16) else a[0]
 _scalar_exp = OPS["exp"]

@@ -217,7 +217,14 @@ static inline pt_f32x4 pt_dot2_f32x4(pt_f32x4 acc, float x, pt_f32x4 y) {
 # their dot products summed into int32 lanes kept in float registers (bits): vpdpbusd where the
 # compiler targets AVX512-VNNI, else the same integer arithmetic. The row operand's quad x is
 # broadcast; us: x unsigned, y signed; su: x signed, y unsigned
-_QUADS = "typedef float pt_quad __attribute__((may_alias, aligned(1)));\n" + "".join(
+_QUADS = r"""typedef float pt_quad __attribute__((may_alias, aligned(1)));
+static inline float pt_quad_of(uint8_t a, uint8_t b, uint8_t c, uint8_t d) {
+  uint32_t u = (uint32_t)a | ((uint32_t)b << 8) | ((uint32_t)c << 16) | ((uint32_t)d << 24);
+  float f; __builtin_memcpy(&f, &u, 4); return f; }
+""" + "".join(
+    f"static inline pt_f32x{n} pt_quad_of_x{n}(pt_u8x{n} a, pt_u8x{n} b, pt_u8x{n} c, pt_u8x{n} d) {{\n"
+    f"  return (pt_f32x{n})(__builtin_convertvector(a, pt_u32x{n}) | (__builtin_convertvector(b, pt_u32x{n}) << 8)\n"
+    f"    | (__builtin_convertvector(c, pt_u32x{n}) << 16) | (__builtin_convertvector(d, pt_u32x{n}) << 24)); }}\n"
     f"typedef float pt_quadx{n} __attribute__((vector_size({4 * n}), may_alias, aligned(1)));\n"
     f"static inline pt_f32x{n} pt_dot4_emul_x{n}(pt_f32x{n} acc, pt_u32x{n} u, pt_u32x{n} s) {{\n"
     f"  pt_i32x{n} a = (pt_i32x{n})acc;\n"

@@ -7,8 +7,8 @@ A quantized matmul computed on its integer values (``graph.quantized``: uint8 ac
 int8 weights, read as float32 by the plain nest) becomes the same nest over groups of four
 reduction elements, as ``bf16_pairs`` makes bfloat16 nests run over pairs: each operand
 element is four bytes seen as one 32-bit element (``affine.ir.QUAD_U8``/``QUAD_I8``, read in
-place: both operands must walk the reduction contiguously), packs move them as floats (bits
-only), and the register tiles multiply with ``dot4us`` (the row operand unsigned) or
+place where an operand walks the reduction contiguously, else packed from four elements:
+``quad_of``), packs move them as floats (bits only), and the register tiles multiply with ``dot4us`` (the row operand unsigned) or
 ``dot4su``. The accumulators then hold int32 lanes (in float registers: bits only) until the
 reduction ends, where ``i32_float`` converts them for the epilogue (``tile_nests.row_tiles``).
 
@@ -21,9 +21,11 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from ..affine.ir import QUAD_I8, QUAD_U8, Op, Var, c, trip_count, walk_exprs
+from ..affine.ir import QUAD_I8, QUAD_U8, Load, Op, Var, add, c, mul, trip_count, walk_exprs
+from ..affine.linear import linear_form
 from .bf16_pairs import in_groups
 from .contraction_nest import Nest
+from .fusion_util import subst_vars
 
 if TYPE_CHECKING:
     from ..backends.cpu.machine import CPUMachine
@@ -32,10 +34,26 @@ MAX_GROUPS = (2**31 - 1) // (255 * 128 * 4)  # groups of four whose int32 sum ca
 QUAD = {"uint8": QUAD_U8, "int8": QUAD_I8}
 
 
+def _quad(ld: Load, r: str) -> tuple[Load, Op] | None:
+    """(the load the nest's analyses see, the quad's value) of operand ``ld`` over groups of
+    four of r: in place where it walks r contiguously, else four elements one r-step apart
+    (an image's channels: packed by the panels, ``quad_of``)."""
+    g = in_groups(ld, r, 4, QUAD[ld.dtype])
+    if g is not None:
+        return g, Op("pair_bits", (g,), "float32")
+    lf = linear_form(ld.index)
+    if lf is None or lf[0].get(r, 0) <= 0:
+        return None
+    first = subst_vars(ld, {r: mul(Var(r), c(4))})
+    return first, Op("quad_of", tuple(replace(first, index=add(first.index, c(k * lf[0][r]))) for k in range(4)),
+                     "float32")
+
+
 def quads(n: Nest, machine: CPUMachine) -> Nest | None:
-    """``n`` over groups of four of one of its reduction loops, moved innermost, where the
-    machine has the int8 dot product, one operand is uint8 and the other int8, and both walk
-    that loop contiguously (a linear layer, x @ w.T); None otherwise."""
+    """``n`` over groups of four of one of its reduction loops (of a length divisible by 4, not
+    read by the condition), moved innermost, where the machine has the int8 dot product and one
+    operand is uint8, the other int8; None otherwise. The innermost loop is preferred, then
+    the others from the inside out (a convolution's input channels)."""
     if not machine.int8_dot or n.pairs or {n.x.dtype, n.y.dtype} != {"uint8", "int8"}:
         return None
     cond_vars = {v.name for v in walk_exprs(n.cond) if isinstance(v, Var)} if n.cond is not None else set()
@@ -49,11 +67,10 @@ def quads(n: Nest, machine: CPUMachine) -> Nest | None:
         T = trip_count(rl)
         if not T or T % 4 or rl.var in cond_vars:
             continue
-        gx, gy = in_groups(n.x, rl.var, 4, QUAD[n.x.dtype]), in_groups(n.y, rl.var, 4, QUAD[n.y.dtype])
+        gx, gy = _quad(n.x, rl.var), _quad(n.y, rl.var)
         if gx is None or gy is None:
             continue
         rloops = [*n.rloops[:q], *n.rloops[q + 1:], replace(rl, hi=c(T // 4))]
-        return replace(n, rloops=rloops, x=gx, y=gy, xval=Op("pair_bits", (gx,), "float32"),
-                       yval=Op("pair_bits", (gy,), "float32"), pairs=True,
+        return replace(n, rloops=rloops, x=gx[0], y=gy[0], xval=gx[1], yval=gy[1], pairs=True,
                        dot="dot4us" if n.x.dtype == "uint8" else "dot4su")
     return None
