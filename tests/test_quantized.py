@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import polytile
+from polytile.accuracy import assert_accurate
 from polytile.bench.quantize import close_to_reference
 
 from machines import NUMERIC
@@ -76,3 +77,125 @@ def test_quantize_ops_round_half_to_even_and_saturate():
     out = torch.compile(f, backend="polytile", options={"fallback": False})(x)
     for o, r in zip(out, f(x)):
         assert o.dtype == r.dtype and torch.equal(o, r)
+
+
+qd = torch.ops.quantized_decomposed
+XS, XZ = 0.05, 7  # the activations' scale and zero point (per tensor)
+
+
+def _float_products(x, w, wt, img, k3):
+    """Contractions of every form the tiled code takes, as ``_quantized_products`` gives them
+    their dequantized operands: a linear layer (x @ w.T: both contiguous along the reduction),
+    x @ W (W's reduction along its rows), a reduction of length 77 (not a multiple of 4), few
+    rows, a padded 3x3 convolution over 16 channels, a 1x1 one, a strided one over 3 channels."""
+    F = torch.nn.functional
+    return (F.linear(x, w, w[:, 0]).relu(), x @ wt, x[:, :77] @ w[:, :77].T, x[:5] @ wt, F.conv2d(img, k3, padding=1),
+            F.conv2d(img, k3[:, :, :1, :1]) * 2, F.conv2d(img[:, :3], k3[:, :3], stride=2, padding=1))
+
+
+def _dequantized(xq, wq, wtq, imgq, kq, ws, wz, wts, wtz, ks, kz):
+    return (qd.dequantize_per_tensor.default(xq, XS, XZ, 0, 255, torch.uint8),
+            qd.dequantize_per_channel.default(wq, ws, wz, 0, -128, 127, torch.int8),
+            qd.dequantize_per_channel.default(wtq, wts, wtz, 1, -128, 127, torch.int8),
+            qd.dequantize_per_tensor.default(imgq, XS, XZ, 0, 255, torch.uint8),
+            qd.dequantize_per_channel.default(kq, ks, kz, 0, -128, 127, torch.int8))
+
+
+def _quantized_products(*q):
+    return _float_products(*_dequantized(*q))
+
+
+def _quantized_inputs():
+    """uint8 activations with zero point 7 (0 and 255 included), int8 weights with per-channel
+    scales and zero points, some of them not 0 (-128 and 127 included)."""
+    g = torch.Generator().manual_seed(5)
+
+    def ints(lo, hi, *shape):
+        return torch.randint(lo, hi + 1, shape, generator=g)
+
+    xq, imgq = ints(0, 255, 70, 96).to(torch.uint8), ints(0, 255, 2, 16, 9, 11).to(torch.uint8)
+    wq, wtq, kq = (ints(-128, 127, *s).to(torch.int8) for s in ((80, 96), (96, 72), (24, 16, 3, 3)))
+    xq[0, :4], wq[1, :4] = torch.tensor([0, 255, 0, 255], dtype=torch.uint8), torch.tensor([-128, 127, -128, 127],
+                                                                                           dtype=torch.int8)
+    scales = [torch.rand(n, generator=g) * 0.01 + 0.001 for n in (80, 72, 24)]
+    zeros = [ints(-3, 3, n) for n in (80, 72, 24)]
+    zeros[0][:40] = 0
+    return (xq, wq, wtq, imgq, kq, scales[0], zeros[0], scales[1], zeros[1], scales[2], zeros[2])
+
+
+@pytest.mark.parametrize("machine", [*({"preset": p} for p in NUMERIC),
+                                     {"preset": "zen4", "isa": ("avx512f", "avx512vl", "avx512bw", "fma")}],
+                         ids=[*NUMERIC, "zen4-no-vnni"])
+def test_int8_contractions_match_the_dequantized_reference(machine):
+    """Every contraction form on dequantized uint8 x int8 operands runs on the integer values
+    (``graph.quantized``: int8 quads where the description has AVX512-VNNI, widening reads
+    elsewhere) and is as accurate as eager's float32 products of the dequantized values,
+    against float64 ones."""
+    torch._dynamo.reset()
+    q = _quantized_inputs()
+    f = torch.compile(_quantized_products, backend="polytile", options={"fallback": False, "machine": machine})
+    st0 = polytile.stats()
+    out = f(*q)
+    assert polytile.stats()["eager_runs"] == st0["eager_runs"]
+    ref = _quantized_products(*q)
+    assert_accurate(out, ref, _float_products(*(t.double() for t in _dequantized(*q))), 1e-5)
+
+
+def _int8_linear_kernels(isa):
+    from polytile.affine.build import build
+    from polytile.compiler import passes_for
+    from polytile.graph.builder import GraphBuilder
+    from polytile.graph.quantized import integer_contractions
+    from polytile.options import Options
+
+    from machines import pinned
+
+    b = GraphBuilder()
+    xq, wq = b.input(0, [128, 256], "uint8"), b.input(1, [96, 256], "int8")
+    ws, wz = b.input(2, [96, 1], "float32"), b.input(3, [96, 1], "int64")
+    x = b.ew("mul", b.ew("sub", b.cast(xq, "float32"), float(XZ)), XS)
+    w = b.ew("mul", b.cast(b.ew("sub", b.cast(wq, "int64"), wz), "float32"), ws)
+    g = integer_contractions(b.graph([b.matmul(x, b.node("view", (w,), offset=0, shape=(256, 96), strides=(1, 256)))]))
+    p = build(g)
+    for _, fn in passes_for(Options(threads=2, machine=pinned(isa=isa))):
+        p = fn(p)
+    return p
+
+
+@pytest.mark.parametrize("vnni", [True, False], ids=["avx512_vnni", "no-vnni"])
+def test_int8_linear_reads_its_integer_operands_in_place(vnni):
+    """A quantized linear layer on the pinned machine: no kernel writes a float32 copy of its
+    operands (the contraction converts where it reads); with AVX512-VNNI the register tiles
+    multiply quads of bytes (``dot4us`` on quad loads of both inputs, the reduction loop a
+    quarter as long) and convert their int32 sums once, without it they convert the loads."""
+    from polytile.affine.ir import GROUPS, Load, Op, Store, stmt_exprs, walk_exprs, walk_stmts
+
+    p = _int8_linear_kernels(("avx512f", "avx512vl", "avx512bw", "fma") + (("avx512_vnni",) if vnni else ()))
+    big = {b.name for b in p.buffers if b.kind == "temp" and b.dtype == "float32" and b.size >= 96 * 256}
+    stores = {s.buf for k in p.kernels if "matmul" not in k.name for s in walk_stmts(k.body) if isinstance(s, Store)}
+    assert not big & stores  # (the matmul's packs hold quads or floats: written by the matmul's own pack)
+    exprs = [e for k in p.kernels for s in walk_stmts(k.body) for x in stmt_exprs(s) for e in walk_exprs(x)]
+    dots = [e for e in exprs if isinstance(e, Op) and e.fn in ("dot4us", "dot4su")]
+    converts = [e for e in exprs if isinstance(e, Op) and e.fn == "i32_float"]
+    quad_loads = {e.buf for e in exprs if isinstance(e, Load) and e.dtype.split("x")[0] in GROUPS}
+    widening = [e for e in exprs if isinstance(e, Op) and e.fn == "cast" and isinstance(e.args[0], Load)
+                and e.args[0].dtype.split("x")[0] in ("int8", "uint8")]
+    if vnni:
+        assert dots and converts and quad_loads == {"in0", "in1"}
+    else:
+        assert not dots and not quad_loads and widening
+
+
+def test_int8_quad_emulation_gives_the_instruction_results():
+    """Compiled without AVX512-VNNI (``-mno-avx512vnni``), the quad products run the C prelude's
+    integer emulation: the same int32 sums as ``vpdpbusd`` (on a host without it both runs
+    emulate), so the same bits."""
+    q = _quantized_inputs()
+    base = polytile.options.Options().cflags
+    outs = []
+    for cflags in (base, base + ("-mno-avx512vnni",)):
+        torch._dynamo.reset()
+        opts = {"fallback": False, "machine": {"preset": "zen4"}, "cflags": cflags}
+        outs.append(torch.compile(_quantized_products, backend="polytile", options=opts)(*q))
+    for a, b in zip(*outs):
+        assert torch.equal(a, b)
