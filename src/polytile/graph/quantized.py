@@ -132,16 +132,20 @@ def _zero(t: Node) -> bool:
     return t.op == "full" and t.attr("value") == 0
 
 
-def _combine(b: GraphBuilder, prod: Node, za: Node, zb: Node, ra: Node, cb: Node, k: int, scale: Node) -> Node:
-    """scale * (prod - zb ra - za cb + k za zb), the terms of a zero point that is the constant
-    0 left out."""
-    t = prod
+def _combine(b: GraphBuilder, product, za: Node, zb: Node, ra: Node, cb: Node, k: int, scale: Node) -> Node:
+    """scale * (product() - zb ra - za cb + k za zb), the terms of a zero point that is the
+    constant 0 left out. The terms are built before the contraction (``product()``), so that
+    the program computes them first and its epilogue can fuse into the contraction."""
+    terms = []
     if not _zero(zb):
-        t = b.ew("sub", t, b.ew("mul", zb, ra))
+        terms.append(("sub", b.ew("mul", zb, ra)))
     if not _zero(za):
-        t = b.ew("sub", t, b.ew("mul", za, cb))
+        terms.append(("sub", b.ew("mul", za, cb)))
         if not _zero(zb):
-            t = b.ew("add", t, b.ew("mul", b.ew("mul", za, zb), float(k)))
+            terms.append(("add", b.ew("mul", b.ew("mul", za, zb), float(k))))
+    t = product()
+    for op, term in terms:
+        t = b.ew(op, t, term)
     return b.ew("mul", t, scale)
 
 
@@ -158,7 +162,8 @@ def _matmul(b: GraphBuilder, n: Node) -> Node | None:
     zb, sb = _first(b, zb, (-2,)), _first(b, sb, (-2,))
     ra = b.reduce("reduce_sum", _wide(b, qa), [-1], keepdim=True) if not _zero(zb) else zb
     cb = b.reduce("reduce_sum", _wide(b, qb), [-2], keepdim=True) if not _zero(za) else za
-    return _combine(b, b.matmul(_wide(b, qa), _wide(b, qb)), za, zb, ra, cb, x.shape[-1], b.ew("mul", sa, sb))
+    scale = b.ew("mul", sa, sb)
+    return _combine(b, lambda: b.matmul(_wide(b, qa), _wide(b, qb)), za, zb, ra, cb, x.shape[-1], scale)
 
 
 def _conv2d(b: GraphBuilder, n: Node) -> Node | None:
@@ -183,8 +188,9 @@ def _conv2d(b: GraphBuilder, n: Node) -> Node | None:
     # sum of a over each output's window: the convolution with one all-ones filter
     ra = b.node("conv2d", [_wide(b, qa), b.full(1.0, "float32", (1, C, kh, kw))], **attrs) if not _zero(zw) else zw
     cb = b.reshape(b.reduce("reduce_sum", _wide(b, qw), [1, 2, 3]), [1, w.shape[0], 1, 1]) if not _zero(za) else za
-    return _combine(b, b.node("conv2d", [_wide(b, qa), _wide(b, qw)], **attrs), za, zw, ra, cb, C * kh * kw,
-                    b.ew("mul", sa, sw))
+    scale = b.ew("mul", sa, sw)
+    return _combine(b, lambda: b.node("conv2d", [_wide(b, qa), _wide(b, qw)], **attrs), za, zw, ra, cb, C * kh * kw,
+                    scale)
 
 
 RULES = {"matmul": _matmul, "conv2d": _conv2d}

@@ -3,9 +3,9 @@
 convolutions), as their reference implementations compute them
 (``torch.ao.quantization.fx._decomposed``): elementwise float32 arithmetic and casts.
 
-A quantized linear layer is then ``dequantize(int8 weight) @ dequantize(quantize(x))`` in
-float32: compiled with no fallback and eager's results, at the float32 rate (no int8 dot
-products yet)."""
+A quantized linear layer is then ``dequantize(quantize(x)) @ dequantize(int8 weight).T``;
+``graph.quantized`` rewrites such contractions to run on the integer values (int8 dot products
+where the machine has them) and relies on the exact forms these rules build."""
 from __future__ import annotations
 
 import torch
