@@ -185,8 +185,10 @@ def _conv2d(b: GraphBuilder, n: Node) -> Node | None:
     zw = b.reshape(_first(b, zw, (1, 2, 3)), [1, w.shape[0], 1, 1])
     sw = b.reshape(_first(b, sw, (1, 2, 3)), [1, w.shape[0], 1, 1])
     C, kh, kw = w.shape[1:]
-    # sum of a over each output's window: the convolution with one all-ones filter
-    ra = b.node("conv2d", [_wide(b, qa), b.full(1.0, "float32", (1, C, kh, kw))], **attrs) if not _zero(zw) else zw
+    # sum of a over each output's window: a's channels summed, then the window of that sum
+    # (one pass over a, then kh kw adds per pixel: 1/C of a convolution with an all-ones filter)
+    ra = b.node("conv2d", [b.reduce("reduce_sum", _wide(b, qa), [1], keepdim=True), b.full(1.0, "float32", (1, 1, kh, kw))],
+                **attrs) if not _zero(zw) else zw
     cb = b.reshape(b.reduce("reduce_sum", _wide(b, qw), [1, 2, 3]), [1, w.shape[0], 1, 1]) if not _zero(za) else za
     scale = b.ew("mul", sa, sw)
     return _combine(b, lambda: b.node("conv2d", [_wide(b, qa), _wide(b, qw)], **attrs), za, zw, ra, cb, C * kh * kw,

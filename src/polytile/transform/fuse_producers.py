@@ -31,6 +31,9 @@ def fuse_producers(p: Program) -> Program:
              if b.kind == "temp" and at_least(b.size * ITEMSIZE[b.dtype], fusion_cost.LARGE_BYTES)}
     kernels: list[Kernel | None] = list(p.kernels)
     uses = Uses(kernels)
+    # weighted operations per element each kernel already recomputes (``fusion_cost.recomputed``):
+    # a chain collapses one producer at a time, and the budget is for the whole chain
+    spent: dict[int, float] = {}
     for ki in range(len(kernels) - 1, -1, -1):  # last producer first: chains collapse into their end
         k = kernels[ki]
         ps = perfect_store(k)
@@ -73,8 +76,11 @@ def fuse_producers(p: Program) -> Program:
                 reads += count[0]
         except _NoSlice:
             continue
-        if not fusion_cost.inline_pays(st.value, reads / max(1, sizes[t]),
-                                       into_contraction=any(kernels[ci].contraction for ci in consumers)):
+        per_element = reads / max(1, sizes[t])
+        extra = fusion_cost.recomputed(st.value, per_element, spent.get(ki, 0.0))
+        if not fusion_cost.inline_pays(st.value, per_element,
+                                       into_contraction=any(kernels[ci].contraction for ci in consumers),
+                                       spent=max(spent.get(ci, 0.0) for ci in consumers) + extra):
             continue
         big_in = [max(uses.readers.get(b, {ki}) - {ki}, default=ki) for b in loads_of(st.value) & large]
         if big_in and fusion_cost.keeps_alive(big_in, ki, max(consumers),
@@ -82,5 +88,6 @@ def fuse_producers(p: Program) -> Program:
             continue
         for ci, nk in new.items():
             uses.set(ci, nk)
+            spent[ci] = spent.get(ci, 0.0) + extra
         uses.set(ki, None)
     return finish(p, kernels)

@@ -56,19 +56,27 @@ def expr_cost(e: Expr) -> int:
     return n
 
 
-def inline_pays(value: Expr, reads_per_element: float, into_contraction: bool = False) -> bool:
+def recomputed(value: Expr, reads_per_element: float, spent: float = 0.0) -> float:
+    """Weighted operations per element a consumer recomputes when a producer of ``value``,
+    which itself recomputes ``spent`` per element, moves into it."""
+    return max(0.0, reads_per_element - 1.0) * expr_cost(value) + reads_per_element * spent
+
+
+def inline_pays(value: Expr, reads_per_element: float, into_contraction: bool = False, spent: float = 0.0) -> bool:
     """Whether to recompute a producer's value at each use instead of storing it: always when
     each element is read about once; otherwise when the recomputation stays within budget and
     the consumer is not a contraction (its operands must stay plain loads to be packed or
     vectorized: a batch norm + ReLU6 recomputed in a stride-2 depthwise convolution slows
     MobileNetV2 down). A half-precision element read as float32 is always recomputed: the
     contraction reads it converted (``contraction_nest``), the conversion is a shift, and a
-    float32 copy would double the operand's traffic."""
+    float32 copy would double the operand's traffic. ``spent``: what the consumer would then
+    recompute per element in all (``recomputed``, over the chain that moved into it so far):
+    within the budget too."""
     if reads_per_element <= 1.0 + 1e-9 or widening(value):
         return True
     if reads_per_element > MAX_REUSE or into_contraction:
         return False
-    return (reads_per_element - 1.0) * expr_cost(value) <= RECOMPUTE_BUDGET
+    return max(spent, (reads_per_element - 1.0) * expr_cost(value)) <= RECOMPUTE_BUDGET
 
 
 def loop_fusion_pays(outer_trips: int, band_trips: tuple[int, int], threads: int, footprint_bytes: int | None) -> bool:
