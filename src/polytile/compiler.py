@@ -14,7 +14,6 @@ from .graph.attention import fuse_attention
 from .graph.builder import contiguous_strides
 from .graph.ir import Graph, format_graph, verify_graph
 from .graph.low_precision import widen
-from .graph.quantized import integer_contractions
 from .graph.symbols import is_symbolic
 from .options import Options
 from .runtime.loader import TensorSpec
@@ -48,7 +47,6 @@ def compile_graph_ir(graph: Graph, input_specs: list[TensorSpec], options: Optio
     if dumper:
         dumper.write("graph.txt", format_graph(graph))
     graph = widen(graph)  # half-precision arithmetic in float32, rounded where eager rounds
-    graph = integer_contractions(graph)  # quantized matmuls and convolutions on the integer values
     for rewrite in backend.graph_passes(machine, options):
         graph = rewrite(graph)
     lowerings = backend.op_lowerings(machine, options)

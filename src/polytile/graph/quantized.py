@@ -18,7 +18,9 @@ too up to 2^24; past that the float32 sum rounds as the reference's float32 sum 
 dequantized products does.
 
 A convolution's zero padding pads the dequantized input, i.e. a pads with za: the rewrite pads
-the integer input with za explicitly (a uint8 copy) and convolves without padding. Grouped
+the integer input with za explicitly (a uint8 copy) and convolves without padding; channels
+added to reach a multiple of 4 (``integer_contractions``) are za in the input and 0 in the
+weight, so that every term of the sum stays what it was. Grouped
 convolutions (the ``sum_k a`` term is per group) keep their float32 form."""
 from __future__ import annotations
 
@@ -149,7 +151,7 @@ def _combine(b: GraphBuilder, product, za: Node, zb: Node, ra: Node, cb: Node, k
     return b.ew("mul", t, scale)
 
 
-def _matmul(b: GraphBuilder, n: Node) -> Node | None:
+def _matmul(b: GraphBuilder, n: Node, multiple: int) -> Node | None:
     x, y = n.inputs
     if len(x.shape) < 2 or len(y.shape) < 2:
         return None
@@ -166,7 +168,7 @@ def _matmul(b: GraphBuilder, n: Node) -> Node | None:
     return _combine(b, lambda: b.matmul(_wide(b, qa), _wide(b, qb)), za, zb, ra, cb, x.shape[-1], scale)
 
 
-def _conv2d(b: GraphBuilder, n: Node) -> Node | None:
+def _conv2d(b: GraphBuilder, n: Node, multiple: int) -> Node | None:
     x, w = n.inputs
     attrs = dict(n.attrs)
     if attrs["groups"] != 1:
@@ -177,14 +179,17 @@ def _conv2d(b: GraphBuilder, n: Node) -> Node | None:
         return None
     (qa, za, sa), (qw, zw, sw) = ox, ow
     ph, qh, pw, qw_ = conv_padding(attrs)
-    if ph or qh or pw or qw_:
+    cp = -w.shape[1] % multiple  # channels added (zero weights: each term of the sum below stays)
+    if ph or qh or pw or qw_ or cp:
         # (the integer input padded with its zero point: the dequantized input's zero)
-        qa = b.node("pad", [qa], pads=((0, 0), (0, 0), (ph, qh), (pw, qw_)), value=int(za.attr("value")))
+        qa = b.node("pad", [qa], pads=((0, 0), (0, cp), (ph, qh), (pw, qw_)), value=int(za.attr("value")))
         attrs = {**{k: v for k, v in attrs.items() if k != "padding_hi"}, "padding": (0, 0)}
+    if cp:
+        qw = b.node("pad", [qw], pads=((0, 0), (0, cp), (0, 0), (0, 0)), value=0)
     za, sa = _first(b, za, (0, 1, 2, 3)), _first(b, sa, (0, 1, 2, 3))
     zw = b.reshape(_first(b, zw, (1, 2, 3)), [1, w.shape[0], 1, 1])
     sw = b.reshape(_first(b, sw, (1, 2, 3)), [1, w.shape[0], 1, 1])
-    C, kh, kw = w.shape[1:]
+    C, kh, kw = qw.shape[1:]
     # sum of a over each output's window: a's channels summed, then the window of that sum
     # (one pass over a, then kh kw adds per pixel: 1/C of a convolution with an all-ones filter)
     ra = b.node("conv2d", [b.reduce("reduce_sum", _wide(b, qa), [1], keepdim=True), b.full(1.0, "float32", (1, 1, kh, kw))],
@@ -198,9 +203,11 @@ def _conv2d(b: GraphBuilder, n: Node) -> Node | None:
 RULES = {"matmul": _matmul, "conv2d": _conv2d}
 
 
-def integer_contractions(g: Graph) -> Graph:
+def integer_contractions(g: Graph, multiple: int = 1) -> Graph:
     """``g`` with its matmuls and convolutions of two dequantized int8/uint8 operands computed
-    on the integer values (see the module docstring); ``g`` itself where there are none."""
+    on the integer values (see the module docstring); ``g`` itself where there are none.
+    ``multiple``: a convolution's input channels are padded to a multiple of it (4 where the
+    target multiplies groups of four bytes: a network's 3-channel first convolution)."""
     if not any(n.op in RULES and all(dequantized(GraphBuilder.strided(i)[0]) for i in n.inputs) for n in g.nodes):
         return g
     if is_symbolic([n.shape for n in g.nodes]):
@@ -211,6 +218,6 @@ def integer_contractions(g: Graph) -> Graph:
         ins = [new[i.id] for i in n.inputs]
         same = all(x is y for x, y in zip(ins, n.inputs))
         out = n if n.op == "input" or same else b.node(n.op, ins, **dict(n.attrs))
-        new[n.id] = (RULES[n.op](b, out) if n.op in RULES else None) or out
+        new[n.id] = (RULES[n.op](b, out, multiple) if n.op in RULES else None) or out
     outputs = tuple(new[o.id] for o in g.outputs)
     return Graph(g.inputs, outputs, topo_nodes(outputs, g.inputs))

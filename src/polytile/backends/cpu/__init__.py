@@ -18,6 +18,7 @@ from ...affine.ir import buffers_used
 from ...affine.attention import key_blocked_nest
 from ...codegen.c import UNIT_MARK, render
 from ...graph.low_precision import HALF_OF, round_contraction_operands
+from ...graph.quantized import integer_contractions
 from ...graph.symbols import is_symbolic
 from ...runtime.cache import discard
 from ...runtime.cc import build_shared_object
@@ -62,7 +63,10 @@ class CPUBackend(Backend):
         # "bf16"/"fp16": float32 contractions with half-precision operands (bfloat16 pairs where
         # the machine has them); "ieee" and "tf32" (which a CPU has no unit for) keep float32
         p = options.mm_conv_precision
-        return [lambda g: round_contraction_operands(g, p)] if p in HALF_OF else []
+        # quantized matmuls and convolutions on their integer values (int8 quads: channels
+        # padded to a multiple of 4 where the machine multiplies quads)
+        ints = [lambda g: integer_contractions(g, 4 if machine.int8_dot else 1)]
+        return ints + ([lambda g: round_contraction_operands(g, p)] if p in HALF_OF else [])
 
     def passes(self, machine: CPUMachine, options) -> list[Pass]:
         o = options
