@@ -21,7 +21,8 @@ A convolution's zero padding pads the dequantized input, i.e. a pads with za: th
 the integer input with za explicitly (a uint8 copy) and convolves without padding; channels
 added to reach a multiple of 4 (``integer_contractions``) are za in the input and 0 in the
 weight, so that every term of the sum stays what it was. Grouped
-convolutions (the ``sum_k a`` term is per group) keep their float32 form."""
+convolutions (the ``sum_k a`` term is per group) keep their float32 form. A max pool of such
+values pools the integers (``_max_pool``)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -200,7 +201,21 @@ def _conv2d(b: GraphBuilder, n: Node, multiple: int) -> Node | None:
                     scale)
 
 
-RULES = {"matmul": _matmul, "conv2d": _conv2d}
+def _max_pool(b: GraphBuilder, n: Node, multiple: int) -> Node | None:
+    """A max pool of values dequantized per tensor with a positive scale: the dequantization is
+    increasing, so the pool takes the maximum of the integers and dequantizes that (no
+    arithmetic per window element)."""
+    if n.attr("mode") != "max":
+        return None
+    o = _operand(b, n.inputs[0], ())
+    if o is None or o[1].op != "full" or o[2].op != "full" or not o[2].attr("value") > 0:
+        return None
+    q, zero, scale = o
+    pooled = b.node("pool2d", [_wide(b, q)], **dict(n.attrs))
+    return b.ew("mul", b.ew("sub", pooled, float(zero.attr("value"))), float(scale.attr("value")))
+
+
+RULES = {"matmul": _matmul, "conv2d": _conv2d, "pool2d": _max_pool}
 
 
 def integer_contractions(g: Graph, multiple: int = 1) -> Graph:

@@ -56,6 +56,11 @@ def expr_cost(e: Expr) -> int:
     return n
 
 
+def narrowing(value: Expr) -> bool:
+    """Whether ``value`` is a conversion to an 8-bit integer type (a quantized tensor)."""
+    return isinstance(value, Op) and value.fn == "cast" and value.dtype in ("int8", "uint8")
+
+
 def recomputed(value: Expr, reads_per_element: float, spent: float = 0.0) -> float:
     """Weighted operations per element a consumer recomputes when a producer of ``value``,
     which itself recomputes ``spent`` per element, moves into it."""
@@ -71,10 +76,11 @@ def inline_pays(value: Expr, reads_per_element: float, into_contraction: bool = 
     contraction reads it converted (``contraction_nest``), the conversion is a shift, and a
     float32 copy would double the operand's traffic. ``spent``: what the consumer would then
     recompute per element in all (``recomputed``, over the chain that moved into it so far):
-    within the budget too."""
+    within the budget too. A value narrowed to 8 bits (quantized) and read more than once is
+    stored: its readers (a max pool's windows) then read a quarter of the bytes."""
     if reads_per_element <= 1.0 + 1e-9 or widening(value):
         return True
-    if reads_per_element > MAX_REUSE or into_contraction:
+    if reads_per_element > MAX_REUSE or into_contraction or narrowing(value):
         return False
     return max(spent, (reads_per_element - 1.0) * expr_cost(value)) <= RECOMPUTE_BUDGET
 
