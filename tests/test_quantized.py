@@ -87,10 +87,12 @@ def _float_products(x, w, wt, img, k3):
     """Contractions of every form the tiled code takes, as ``_quantized_products`` gives them
     their dequantized operands: a linear layer (x @ w.T: both contiguous along the reduction),
     x @ W (W's reduction along its rows), a reduction of length 77 (not a multiple of 4), few
-    rows, a padded 3x3 convolution over 16 channels, a 1x1 one, a strided one over 3 channels."""
+    rows, a padded 3x3 convolution over 16 channels, a 1x1 one, a strided one over 3 channels
+    (padded to 4 where the machine multiplies quads), a max pool."""
     F = torch.nn.functional
     return (F.linear(x, w, w[:, 0]).relu(), x @ wt, x[:, :77] @ w[:, :77].T, x[:5] @ wt, F.conv2d(img, k3, padding=1),
-            F.conv2d(img, k3[:, :, :1, :1]) * 2, F.conv2d(img[:, :3], k3[:, :3], stride=2, padding=1))
+            F.conv2d(img, k3[:, :, :1, :1]) * 2, F.conv2d(img[:, :3], k3[:, :3], stride=2, padding=1),
+            F.max_pool2d(img, 3, 2, 1))
 
 
 def _dequantized(xq, wq, wtq, imgq, kq, ws, wz, wts, wtz, ks, kz):
@@ -199,3 +201,39 @@ def test_int8_quad_emulation_gives_the_instruction_results():
         outs.append(torch.compile(_quantized_products, backend="polytile", options=opts)(*q))
     for a, b in zip(*outs):
         assert torch.equal(a, b)
+
+
+def test_requantized_conv_feeds_its_max_pool_as_uint8():
+    """conv -> ReLU -> quantize -> dequantize -> max pool (a quantized ResNet's stem) on the
+    pinned machine: the pool reads the uint8 tensor (its windows take the maximum of the
+    integers, the dequantization after them), not a float32 one, and no window element
+    recomputes the requantization."""
+    from polytile.affine.build import build
+    from polytile.affine.ir import Load, Op, walk_exprs, walk_stmts, Store
+    from polytile.compiler import passes_for
+    from polytile.graph.builder import GraphBuilder
+    from polytile.graph.quantized import integer_contractions
+    from polytile.options import Options
+
+    from machines import pinned
+
+    b = GraphBuilder()
+    xq, wq = b.input(0, [1, 8, 20, 20], "uint8"), b.input(1, [16, 8, 3, 3], "int8")
+    x = b.ew("mul", b.ew("sub", b.cast(xq, "float32"), float(XZ)), XS)
+    w = b.ew("mul", b.cast(wq, "float32"), 0.01)
+    y = b.node("relu", [b.node("conv2d", [x, w], stride=(1, 1), padding=(1, 1), dilation=(1, 1), groups=1)])
+    q = b.cast(b.ew("minimum", b.ew("maximum", b.ew("add", b.node("round", [b.ew("mul", y, 20.0)]), 3.0), 0.0),
+                    255.0), "uint8")
+    d = b.ew("mul", b.ew("sub", b.cast(q, "float32"), 3.0), 0.05)
+    g = integer_contractions(b.graph([b.node("pool2d", [d], mode="max", kernel=(3, 3), stride=(2, 2), padding=(1, 1),
+                                             dilation=(1, 1), ceil_mode=False)]), 4)
+    p = build(g)
+    for _, fn in passes_for(Options(threads=2, machine=pinned())):
+        p = fn(p)
+    dtypes = {buf.name: buf.dtype for buf in p.buffers}
+    (pool,) = [k for k in p.kernels if "pool2d" in k.name]
+    window = [e for s in walk_stmts(pool.body) if isinstance(s, Store) for e in walk_exprs(s.value)
+              if isinstance(e, Op) and e.fn == "maximum" and isinstance(s.value, Op) and s.value.fn == "maximum"]
+    reads = {e.buf for x in window for e in walk_exprs(x) if isinstance(e, Load) and e.buf in dtypes}  # (not its accumulators)
+    assert window and reads and all(dtypes[r] == "uint8" for r in reads)
+    assert not any(isinstance(e, Op) and e.fn == "round" for x in window for e in walk_exprs(x))
