@@ -144,11 +144,15 @@ def run_model(spec: zoo.ModelSpec, *, batch: int | None = None, threads: int = 2
 
 def _inductor_frozen(model):
     """``model`` compiled by Inductor with ``freezing=True`` (parameters folded as constants and
-    weights prepacked: its best CPU inference mode), the flag set while dynamo compiles (the
-    first call and any recompile); a context switch per call, microseconds."""
+    weights prepacked: its best CPU inference mode; for PT2E int8 models its oneDNN int8
+    kernels). The option makes it a backend of its own: dynamo keeps its compiled graphs on the
+    model's code, and reused the plain Inductor compile of the same model for a backend with
+    equal options (the freezing flag is not part of its guards). The global flag is set while
+    dynamo traces too (the first call and any recompile): it decides there whether parameters
+    become constants. A context switch per call, microseconds."""
     import torch._inductor.config as cfg
 
-    compiled = torch.compile(model)
+    compiled = torch.compile(model, options={"freezing": True})
 
     def call(*args, **kwargs):
         with cfg.patch(freezing=True):

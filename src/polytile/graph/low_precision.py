@@ -86,3 +86,35 @@ def round_contraction_operands(g: Graph, precision: str) -> Graph:
         new[n.id] = n if n.op == "input" or same else b.node(n.op, ins, **dict(n.attrs))
     outputs = tuple(new[o.id] for o in g.outputs)
     return Graph(g.inputs, outputs, topo_nodes(outputs, g.inputs))
+
+
+def _half_read(x: Node) -> Node | None:
+    """The bfloat16 tensor ``x`` reads as float32 (``cast(bf16 -> float32)``), if it is one."""
+    return x.inputs[0] if x.op == "cast" and x.dtype == "float32" and x.inputs[0].dtype == "bfloat16" else None
+
+
+def pad_pair_channels(g: Graph) -> Graph:
+    """``g`` with the convolutions of bfloat16 operands over an odd number of input channels
+    (an image's 3) given one more, zero in both operands: their products then run as pairs
+    of channels (``transform.bf16_pairs``), whose reduction must be even; the added products
+    are 0."""
+    def odd(n: Node) -> bool:
+        return (n.op == "conv2d" and n.attr("groups") == 1 and n.inputs[1].shape[1] % 2 == 1
+                and all(_half_read(i) is not None for i in n.inputs))
+
+    if not any(odd(n) for n in g.nodes):
+        return g
+    b = GraphBuilder()
+    new: dict[int, Node] = {}
+    for n in g.nodes:
+        ins = [new[i.id] for i in n.inputs]
+        same = all(x is y for x, y in zip(ins, n.inputs))
+        out = n if n.op == "input" or same else b.node(n.op, ins, **dict(n.attrs))
+        if odd(out):
+            x, w = (_half_read(i) for i in out.inputs)
+            x = b.node("pad", [x], pads=((0, 0), (0, 1), (0, 0), (0, 0)), value=0.0)
+            w = b.node("pad", [w], pads=((0, 0), (0, 1), (0, 0), (0, 0)), value=0.0)
+            out = b.node("conv2d", [b.cast(x, "float32"), b.cast(w, "float32")], **dict(out.attrs))
+        new[n.id] = out
+    outputs = tuple(new[o.id] for o in g.outputs)
+    return Graph(g.inputs, outputs, topo_nodes(outputs, g.inputs))

@@ -17,7 +17,7 @@ from ... import counters as stats
 from ...affine.ir import buffers_used
 from ...affine.attention import key_blocked_nest
 from ...codegen.c import UNIT_MARK, render
-from ...graph.low_precision import HALF_OF, round_contraction_operands
+from ...graph.low_precision import HALF_OF, pad_pair_channels, round_contraction_operands
 from ...graph.quantized import integer_contractions
 from ...graph.symbols import is_symbolic
 from ...runtime.cache import discard
@@ -66,7 +66,9 @@ class CPUBackend(Backend):
         # quantized matmuls and convolutions on their integer values (int8 quads: channels
         # padded to a multiple of 4 where the machine multiplies quads)
         ints = [lambda g: integer_contractions(g, 4 if machine.int8_dot else 1)]
-        return ints + ([lambda g: round_contraction_operands(g, p)] if p in HALF_OF else [])
+        half = [lambda g: round_contraction_operands(g, p)] if p in HALF_OF else []
+        # (bfloat16 convolutions over 3 channels padded to 4: pairs of channels)
+        return ints + half + ([pad_pair_channels] if machine.bf16_dot else [])
 
     def passes(self, machine: CPUMachine, options) -> list[Pass]:
         o = options
