@@ -7,10 +7,10 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from ..affine.ir import (INDEX, Alloc, Assign, Const, Expr, For, If, Kernel, Let, Load, Op, Prefetch, Stmt, Store, Var,
+from ..affine.ir import (INDEX, WIDENS, Alloc, Assign, Const, Expr, For, If, Kernel, Let, Load, Op, Prefetch, Stmt, Store, Var,
                         add, as_vector, c, element_index, in_register, lanes, load_of, mul, vector_type,
                         walk_exprs, widened)
-from ..affine.linear import linear_form, uses_var
+from ..affine.linear import linear_form
 from ..affine.transpose import transposed_block
 from .contraction_nest import Nest, epilogue_store, in_group
 from ..dtypes import ITEMSIZE, LOW
@@ -287,12 +287,12 @@ def row_tiles(plan: ContractionPlan, g: RowGroup, nv: int, src: At, width: int, 
     elif output_along_rows(n):
         # the output runs along the tile's rows (a swapped orientation, see ``orient``): the
         # epilogue walks them innermost, a row segment of mr at a time
-        if epi.value != tval and not any(isinstance(e, Load) and e.buf != tile and uses_var(e.index, jj)
+        if epi.value != tval and not any(isinstance(e, Load) and e.buf != tile and _strided(e.index, jj)
                                          for e in walk_exprs(epi.value)):
-            # a value that reads nothing along the columns but the tile (a bias, GELU) is
-            # computed first along the tile's rows, whole vectors at a time, the stores then only
-            # move it (computed in the epilogue, a short run per output row, e.g. 14 elements,
-            # would make erf's vector calls partial)
+            # a value that reads nothing along the columns but the tile or contiguously (a bias,
+            # GELU, a quantized product's per-row sums) is computed first along the tile's rows,
+            # whole vectors at a time, the stores then only move it (computed in the epilogue, a
+            # short run per output row, e.g. 14 elements, would make erf's vector calls partial)
             done.append(For(ii, c(0), c(mr), (For(jj, c(0), c(width), (
                 Store(tile, add(mul(Var(ii), c(nr)), Var(jj)), widened(epi.value)),)),)))
             epi = replace(epi, value=narrowed(tval, epi.value.dtype))
@@ -304,6 +304,12 @@ def row_tiles(plan: ContractionPlan, g: RowGroup, nv: int, src: At, width: int, 
         done = _when(final, done, keep)
     body += done
     return For(io, c(0), c(MI), tuple(body), parallel=True)
+
+
+def _strided(index: Expr, v: str) -> bool:
+    """Whether ``index`` moves by more than one element per step of ``v`` (or not affinely)."""
+    lf = linear_form(index)
+    return lf is None or lf[0].get(v, 0) not in (0, 1)
 
 
 SUM_CHUNK = 128  # reductions per partial sum of a register tile (``row_tiles``)
@@ -414,8 +420,9 @@ def out_kernel(k: Kernel, n: Nest, tbuf: str, M: int, N: int, vw: int, line: int
 
 
 def narrowed(v: Expr, dtype: str) -> Expr:
-    """A float32 value (scalar or vector) from a temp back in the half type ``dtype`` it held."""
-    if dtype not in LOW:
+    """A float32 value (scalar or vector) from a temp back in the type ``dtype`` it held (a half
+    type, or an 8-bit integer: exact, the temp holds that integer's value)."""
+    if dtype not in WIDENS:
         return v
     return Op("cast", (v,), vector_type(dtype, lanes(v.dtype)) if lanes(v.dtype) > 1 else dtype)
 
