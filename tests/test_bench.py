@@ -42,14 +42,23 @@ def test_report_files(tmp_path):
 
 
 def test_inductor_frozen_compiles_with_freezing(monkeypatch):
-    """The 'inductor frozen' system: Inductor with freezing=True while dynamo compiles."""
-    import torch
+    """The 'inductor frozen' system compiles the model again, with freezing=True (Inductor's
+    freezing pass runs), even after plain Inductor compiled the same model: dynamo keeps
+    compiled graphs on the model's code, and reused the plain compile for a backend with
+    equal options."""
+    import torch._inductor.compile_fx as cfx
     import torch._inductor.config as cfg
 
-    seen = []
-    monkeypatch.setattr(torch, "compile", lambda m: (lambda *a: seen.append(cfg.freezing) or m(*a)))
-    call = suite._inductor_frozen(lambda x: x + 1)
-    assert call(1) == 2 and seen == [True] and cfg.freezing is False
+    frozen_compiles = []
+    real = cfx.fw_compiler_freezing
+    monkeypatch.setattr(cfx, "fw_compiler_freezing", lambda *a, **k: frozen_compiles.append(1) or real(*a, **k))
+    torch._dynamo.reset()
+    m, x = torch.nn.Linear(16, 8).eval(), torch.randn(4, 16)
+    with torch.no_grad():
+        torch.compile(m)(x)
+        assert not frozen_compiles
+        out = suite._inductor_frozen(m)(x)
+        assert frozen_compiles and torch.allclose(out, m(x)) and cfg.freezing is False
 
 
 def test_contraction_flops_counted():

@@ -153,8 +153,8 @@ def _products(x, w, wt, a, b, img, k3):
     """Contractions of every form the tiled code takes: a linear layer (x @ w.T: both operands
     contiguous along the reduction), x @ W (W's reduction along its rows), a batched matmul, a
     reduction of odd length, few rows, a padded 3x3 and a 1x1 convolution (pairs of input
-    channels where the machine has bfloat16 pairs), a strided one over 3 channels (odd: not
-    paired), with epilogues."""
+    channels where the machine has bfloat16 pairs), a strided one over 3 channels (padded to
+    4 for pairs), with epilogues."""
     return (torch.nn.functional.linear(x, w, w[:, 0]).relu(), x @ wt, torch.bmm(a, b),
             x[:, :77] @ wt[:77], x[:5] @ wt, torch.nn.functional.conv2d(img, k3, padding=1),
             torch.nn.functional.conv2d(img, k3[:, :, :1, :1]) * 2,
@@ -233,6 +233,30 @@ def test_bf16_linear_reads_its_operands_in_place(bf16_dot):
         assert dots and pair_loads == {"in0", "in1"} and not casts
     else:
         assert not dots and not pair_loads and casts
+
+
+def test_bf16_conv_over_three_channels_runs_as_pairs():
+    """A bfloat16 convolution over an image's 3 channels on the pinned machine (AVX512_BF16):
+    its channels padded to 4 (``graph.low_precision.pad_pair_channels``), the register tiles
+    multiply pairs."""
+    from polytile.affine.build import build
+    from polytile.affine.ir import Op, stmt_exprs, walk_exprs, walk_stmts
+    from polytile.backends.cpu import CPUBackend
+    from polytile.compiler import passes_for
+    from polytile.options import Options
+    from machines import pinned
+
+    b = GraphBuilder()
+    x, w = b.input(0, [2, 3, 40, 40], "bfloat16"), b.input(1, [32, 3, 7, 7], "bfloat16")
+    g = widen(b.graph([b.node("conv2d", [x, w], stride=(2, 2), padding=(3, 3), dilation=(1, 1), groups=1)]))
+    o = Options(threads=2, machine=pinned())
+    for rewrite in CPUBackend().graph_passes(CPUBackend().machine(o.machine), o):
+        g = rewrite(g)
+    p = build(g)
+    for _, fn in passes_for(o):
+        p = fn(p)
+    exprs = [e for k in p.kernels for s in walk_stmts(k.body) for x in stmt_exprs(s) for e in walk_exprs(x)]
+    assert any(isinstance(e, Op) and e.fn == "dot2" for e in exprs)
 
 
 @pytest.mark.parametrize("precision,bound", [(None, 1e-5), ("bf16", 2e-2), ("fp16", 3e-3)])

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import itertools
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from .. import dtypes as dt
 from ..dtypes import Unsupported
@@ -278,3 +278,16 @@ class GraphBuilder:
             return xs[0]
         axis %= len(xs[0].shape)
         return self.node("concat", xs, axis=axis)
+
+
+def rewrite_nodes(g: Graph, rule: Callable[[GraphBuilder, Node], Node | None]) -> Graph:
+    """``g`` with each node rebuilt on its inputs' replacements, then replaced by ``rule(b,
+    node)`` where that gives a node (built with ``b``; the same shape and dtype)."""
+    b = GraphBuilder()
+    new: dict[int, Node] = {}
+    for n in g.nodes:
+        ins = [new[i.id] for i in n.inputs]
+        out = n if n.op == "input" or all(x is y for x, y in zip(ins, n.inputs)) else b.node(n.op, ins, **dict(n.attrs))
+        new[n.id] = rule(b, out) or out
+    outputs = tuple(new[o.id] for o in g.outputs)
+    return Graph(g.inputs, outputs, topo_nodes(outputs, g.inputs))

@@ -19,7 +19,7 @@ pair dot product (``transform.bf16_pairs``)."""
 from __future__ import annotations
 
 from ..dtypes import LOW
-from .builder import GraphBuilder
+from .builder import GraphBuilder, rewrite_nodes
 from .ir import Graph, Node, topo_nodes
 
 KEEP = ("input", "view", "cast")  # ops whose half-precision values need no float32 computation
@@ -75,17 +75,15 @@ def round_contraction_operands(g: Graph, precision: str) -> Graph:
     half = HALF_OF[precision]
     if not any(n.op in CONTRACTIONS and any(i.dtype == "float32" for i in n.inputs) for n in g.nodes):
         return g
-    b = GraphBuilder()
-    new: dict[int, Node] = {}
-    for n in g.nodes:
-        ins = [new[i.id] for i in n.inputs]
-        if n.op in CONTRACTIONS:
-            ins = [b.node("cast", (b.node("cast", (x,), dtype=half),), dtype="float32") if x.dtype == "float32" else x
-                   for x in ins]
-        same = all(x is y for x, y in zip(ins, n.inputs))
-        new[n.id] = n if n.op == "input" or same else b.node(n.op, ins, **dict(n.attrs))
-    outputs = tuple(new[o.id] for o in g.outputs)
-    return Graph(g.inputs, outputs, topo_nodes(outputs, g.inputs))
+
+    def rule(b: GraphBuilder, n: Node) -> Node | None:
+        if n.op not in CONTRACTIONS or not any(x.dtype == "float32" for x in n.inputs):
+            return None
+        ins = [b.node("cast", (b.node("cast", (x,), dtype=half),), dtype="float32") if x.dtype == "float32" else x
+               for x in n.inputs]
+        return b.node(n.op, ins, **dict(n.attrs))
+
+    return rewrite_nodes(g, rule)
 
 
 def _half_read(x: Node) -> Node | None:
@@ -104,17 +102,13 @@ def pad_pair_channels(g: Graph) -> Graph:
 
     if not any(odd(n) for n in g.nodes):
         return g
-    b = GraphBuilder()
-    new: dict[int, Node] = {}
-    for n in g.nodes:
-        ins = [new[i.id] for i in n.inputs]
-        same = all(x is y for x, y in zip(ins, n.inputs))
-        out = n if n.op == "input" or same else b.node(n.op, ins, **dict(n.attrs))
-        if odd(out):
-            x, w = (_half_read(i) for i in out.inputs)
-            x = b.node("pad", [x], pads=((0, 0), (0, 1), (0, 0), (0, 0)), value=0.0)
-            w = b.node("pad", [w], pads=((0, 0), (0, 1), (0, 0), (0, 0)), value=0.0)
-            out = b.node("conv2d", [b.cast(x, "float32"), b.cast(w, "float32")], **dict(out.attrs))
-        new[n.id] = out
-    outputs = tuple(new[o.id] for o in g.outputs)
-    return Graph(g.inputs, outputs, topo_nodes(outputs, g.inputs))
+
+    def rule(b: GraphBuilder, n: Node) -> Node | None:
+        if not odd(n):
+            return None
+        x, w = (_half_read(i) for i in n.inputs)
+        x = b.node("pad", [x], pads=((0, 0), (0, 1), (0, 0), (0, 0)), value=0.0)
+        w = b.node("pad", [w], pads=((0, 0), (0, 1), (0, 0), (0, 0)), value=0.0)
+        return b.node("conv2d", [b.cast(x, "float32"), b.cast(w, "float32")], **dict(n.attrs))
+
+    return rewrite_nodes(g, rule)

@@ -27,8 +27,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .builder import GraphBuilder, contiguous_strides
-from .ir import Graph, Node, topo_nodes
+from .builder import GraphBuilder, contiguous_strides, rewrite_nodes
+from .ir import Graph, Node
 from .ops import conv_padding
 from .symbols import is_symbolic
 
@@ -227,12 +227,4 @@ def integer_contractions(g: Graph, multiple: int = 1) -> Graph:
         return g
     if is_symbolic([n.shape for n in g.nodes]):
         return g
-    b = GraphBuilder()
-    new: dict[int, Node] = {}
-    for n in g.nodes:
-        ins = [new[i.id] for i in n.inputs]
-        same = all(x is y for x, y in zip(ins, n.inputs))
-        out = n if n.op == "input" or same else b.node(n.op, ins, **dict(n.attrs))
-        new[n.id] = (RULES[n.op](b, out, multiple) if n.op in RULES else None) or out
-    outputs = tuple(new[o.id] for o in g.outputs)
-    return Graph(g.inputs, outputs, topo_nodes(outputs, g.inputs))
+    return rewrite_nodes(g, lambda b, n: RULES[n.op](b, n, multiple) if n.op in RULES else None)

@@ -22,7 +22,7 @@ kernels on such machines, ``vdpbf16ps`` treats denormal inputs and results as ze
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from ..affine.ir import PAIR, Load, Op, Var, add, c, mul, trip_count, walk_exprs
 from ..affine.linear import linear_form, to_expr
@@ -65,15 +65,23 @@ def paired(n: Nest, machine: CPUMachine) -> Nest | None:
     kernel window loops are odd: 3 x 3)."""
     if not machine.bf16_dot or n.pairs or not n.x.dtype == n.y.dtype == "bfloat16":
         return None
+    return grouped(n, 2, _pair, "dot2")
+
+
+def grouped(n: Nest, g: int, group: Callable[[Load, str], tuple[Load, Op] | None], dot: str) -> Nest | None:
+    """``n`` over groups of ``g`` of its innermost reduction loop whose length g divides, that
+    the condition does not read and along which ``group`` (an operand's load, the loop ->
+    the load the analyses see and the group's value, or None) groups both operands; the
+    others tried from the inside out; moved innermost. None where no loop fits."""
     cond_vars = {v.name for v in walk_exprs(n.cond) if isinstance(v, Var)} if n.cond is not None else set()
     for q in reversed(range(len(n.rloops))):
         rl = n.rloops[q]
         T = trip_count(rl)
-        if not T or T % 2 or rl.var in cond_vars:
+        if not T or T % g or rl.var in cond_vars:
             continue
-        px, py = _pair(n.x, rl.var), _pair(n.y, rl.var)
-        if px is None or py is None:
+        gx, gy = group(n.x, rl.var), group(n.y, rl.var)
+        if gx is None or gy is None:
             continue
-        rloops = [*n.rloops[:q], *n.rloops[q + 1:], replace(rl, hi=c(T // 2))]
-        return replace(n, rloops=rloops, x=px[0], y=py[0], xval=px[1], yval=py[1], pairs=True)
+        rloops = [*n.rloops[:q], *n.rloops[q + 1:], replace(rl, hi=c(T // g))]
+        return replace(n, rloops=rloops, x=gx[0], y=gy[0], xval=gx[1], yval=gy[1], pairs=True, dot=dot)
     return None

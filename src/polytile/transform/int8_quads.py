@@ -21,9 +21,9 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from ..affine.ir import QUAD_I8, QUAD_U8, Load, Op, Var, add, c, mul, trip_count, walk_exprs
+from ..affine.ir import QUAD_I8, QUAD_U8, Load, Op, Var, add, c, mul, trip_count
 from ..affine.linear import linear_form
-from .bf16_pairs import in_groups
+from .bf16_pairs import grouped, in_groups
 from .contraction_nest import Nest
 from .fusion_util import subst_vars
 
@@ -56,21 +56,9 @@ def quads(n: Nest, machine: CPUMachine) -> Nest | None:
     the others from the inside out (a convolution's input channels)."""
     if not machine.int8_dot or n.pairs or {n.x.dtype, n.y.dtype} != {"uint8", "int8"}:
         return None
-    cond_vars = {v.name for v in walk_exprs(n.cond) if isinstance(v, Var)} if n.cond is not None else set()
     K = 1
     for f in n.rloops:
         K *= trip_count(f) or 0
     if not 0 < K <= 4 * MAX_GROUPS:
         return None
-    for q in reversed(range(len(n.rloops))):
-        rl = n.rloops[q]
-        T = trip_count(rl)
-        if not T or T % 4 or rl.var in cond_vars:
-            continue
-        gx, gy = _quad(n.x, rl.var), _quad(n.y, rl.var)
-        if gx is None or gy is None:
-            continue
-        rloops = [*n.rloops[:q], *n.rloops[q + 1:], replace(rl, hi=c(T // 4))]
-        return replace(n, rloops=rloops, x=gx[0], y=gy[0], xval=gx[1], yval=gy[1], pairs=True,
-                       dot="dot4us" if n.x.dtype == "uint8" else "dot4su")
-    return None
+    return grouped(n, 4, _quad, "dot4us" if n.x.dtype == "uint8" else "dot4su")
