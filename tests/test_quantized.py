@@ -237,3 +237,30 @@ def test_requantized_conv_feeds_its_max_pool_as_uint8():
     reads = {e.buf for x in window for e in walk_exprs(x) if isinstance(e, Load) and e.buf in dtypes}  # (not its accumulators)
     assert window and reads and all(dtypes[r] == "uint8" for r in reads)
     assert not any(isinstance(e, Op) and e.fn == "round" for x in window for e in walk_exprs(x))
+
+
+@pytest.mark.parametrize("preset", ["zen4", "zen3"])
+def test_dynamic_int8_linear_layers_match_pytorch_quantized_reference(preset):
+    """Dynamic quantization (the x86 quantizer's ``is_dynamic=True``: each activation's scale
+    and zero point chosen per call from its range, ``choose_qparams``) compiles with no
+    fallback and matches the converted model run eagerly, a range with negative values and a
+    ReLU's non-negative one alike."""
+    torch._dynamo.reset()
+    torch.manual_seed(4)
+    x = torch.randn(24, 64) * 3
+    m = torch.export.export(_mlp().eval(), (x,)).module()
+    q = xiq.X86InductorQuantizer()
+    q.set_global(xiq.get_default_x86_inductor_quantization_config(is_dynamic=True))
+    m = pt2e.prepare_pt2e(m, q)
+    m(x)
+    m = pt2e.convert_pt2e(m)
+    st0 = polytile.stats()
+    f = torch.compile(m, backend="polytile", options={"fallback": False, "machine": {"preset": preset}})
+    with torch.no_grad():
+        out, ref = f(x), m(x)
+        out2, ref2 = f(x * 0.1 + 1), m(x * 0.1 + 1)  # (other ranges: other scales, the same code)
+    st = polytile.stats()
+    assert dict(st["ops_fallen_back"]) == dict(st0["ops_fallen_back"]) and st["eager_runs"] == st0["eager_runs"]
+    for o, r in ((out, ref), (out2, ref2)):
+        diff = (o - r).abs()
+        assert diff.max() <= 2 * r.abs().max() / 127 and (diff > 1e-5 * r.abs().max()).float().mean() <= 0.05
