@@ -709,6 +709,13 @@ _aten("quantize-dequantize", lambda x, s, z, y: (
     _qd.dequantize_per_channel.default(_qd.quantize_per_channel.default(x, s, z, 1, -128, 127, torch.int8), s, z, 1,
                                        -128, 127, torch.int8)),
       lambda: (wide(5, 13, 3), torch.rand(13) * 0.05 + 0.01, torch.randint(-3, 4, (13,)), wide(5, 13, 3) * 40))
+# dynamic quantization: parameters chosen from the tensor's range (a range with negatives, and
+# one of values all positive: zero point 0), then used as one-element tensors
+_aten("quantize-dynamic", lambda x, y: tuple(
+    _qd.dequantize_per_tensor.tensor(_qd.quantize_per_tensor.tensor(v, sc, zp, 0, 255, torch.uint8), sc, zp, 0, 255,
+                                     torch.uint8)
+    for v in (x, y) for sc, zp in [_qd.choose_qparams.tensor(v, 0, 255, 2.0 ** -12, torch.uint8)]),
+      lambda: (wide(5, 13, 3), torch.rand(6, 7) + 0.5))
 # Overloads without a tensor argument would run at trace time under fx.symbolic_trace: make_fx records them.
 _aten("creation", lambda x: (aten.zeros.default([3, 4]), aten.ones.default([2, 5], dtype=torch.int32), aten.zeros_like.default(x),
                              aten.ones_like.default(x), aten.fill.Scalar(x, 2.5),
