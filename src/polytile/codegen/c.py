@@ -5,7 +5,7 @@ import math
 import struct
 from typing import Callable
 
-from ..affine.ir import (GROUPS, PAIR, SIZE_PREFIX, Alloc, Assign, Const, Expr, Fail, For, If, Let, Load, Op, Prefetch, Program,
+from ..affine.ir import (GROUPS, SIZE_PREFIX, Alloc, Assign, Const, Expr, Fail, For, If, Let, Load, Op, Prefetch, Program,
                          Stmt, Store, Var, buffers_used, element_type, kernel_size_params, lanes, rename_buffers, size_expr,
                          structure_key, walk_exprs)
 from ..affine.transpose import interleave_mask

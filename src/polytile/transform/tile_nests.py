@@ -7,13 +7,13 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from ..affine.ir import (INDEX, WIDENS, Alloc, Assign, Const, Expr, For, If, Kernel, Let, Load, Op, Prefetch, Stmt, Store, Var,
-                        add, as_vector, c, element_index, in_register, lanes, load_of, mul, vector_type,
+from ..affine.ir import (INDEX, WIDENS, Alloc, Assign, Const, Expr, For, If, Kernel, Let, Load, Op, Prefetch, Stmt,
+                        Store, Var, add, as_vector, c, element_index, in_register, lanes, load_of, mul, vector_type,
                         walk_exprs, widened)
 from ..affine.linear import linear_form
 from ..affine.transpose import transposed_block
 from .contraction_nest import Nest, epilogue_store, in_group
-from ..dtypes import ITEMSIZE, LOW
+from ..dtypes import ITEMSIZE
 from .contraction_plan import At, ContractionPlan, KBlock, RowGroup, RowMajor, static_schedule
 from .fusion_util import map_expr, subst_vars
 from .tile_util import when as _when
