@@ -10,7 +10,7 @@ import torch.nn.functional as F
 import polytile
 import pytest
 
-from polytile.affine.ir import (INDEX, Buffer, Const, For, If, Kernel, Let, Load, Op, Program, Store, Var, c,
+from polytile.affine.ir import (INDEX, Buffer, Const, For, If, Kernel, Let, Load, Op, Program, Store, Var, add, c, mul,
                                walk_exprs, walk_stmts)
 from polytile.affine.linear import linear_form, simplify_divmod
 from polytile.transform.bounds import conditions_to_bounds
@@ -277,3 +277,14 @@ def test_pure_transposing_copies_transposed_in_registers(vector_bytes):
         out = torch.compile(fn, backend="polytile",
                             options={"fallback": False, "machine": pinned(vector_bytes=vector_bytes)})(x)
         assert torch.equal(out, fn(x))
+
+
+@pytest.mark.parametrize("s,ok", [(192, True), (191, False)])
+def test_quotient_and_remainder_that_rebuild_the_dividend_are_linear(s, ok):
+    """(i // 197) * (197 s) + (i % 197) * s + r is i s + r (a flat row index split into two
+    coordinates and flattened again); with another multiple of the quotient it is not linear."""
+    i, r = Var("i", "int64"), Var("r", "int64")
+    q, m = Op("floordiv", (i, c(197)), "int64"), Op("remainder", (i, c(197)), "int64")
+    e = add(add(mul(q, c(197 * 192)), mul(m, c(s))), r)
+    assert linear_form(e) == (({"i": 192, "r": 1}, 0) if ok else None)
+    assert linear_form(add(mul(q, c(197 * 192)), mul(add(i, mul(q, c(-197))), c(192)))) == ({"i": 192}, 0)

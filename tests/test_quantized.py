@@ -143,7 +143,7 @@ def test_int8_contractions_match_the_dequantized_reference(machine):
     assert_accurate(out, ref, _float_products(*(t.double() for t in _dequantized(*q))), 1e-5)
 
 
-def _int8_linear_kernels(isa):
+def _int8_linear_kernels(isa, batch: int = 0):
     from polytile.affine.build import build
     from polytile.compiler import passes_for
     from polytile.graph.builder import GraphBuilder
@@ -153,9 +153,11 @@ def _int8_linear_kernels(isa):
     from machines import pinned
 
     b = GraphBuilder()
-    xq, wq = b.input(0, [128, 256], "uint8"), b.input(1, [96, 256], "int8")
+    xq, wq = b.input(0, [batch, 40, 256] if batch else [128, 256], "uint8"), b.input(1, [96, 256], "int8")
     ws, wz = b.input(2, [96, 1], "float32"), b.input(3, [96, 1], "int64")
     x = b.ew("mul", b.ew("sub", b.cast(xq, "float32"), float(XZ)), XS)
+    if batch:  # (a transformer's tokens of several sequences as the rows: x.reshape(-1, 256))
+        x = b.reshape(x, [batch * 40, 256])
     w = b.ew("mul", b.cast(b.ew("sub", b.cast(wq, "int64"), wz), "float32"), ws)
     g = integer_contractions(b.graph([b.matmul(x, b.node("view", (w,), offset=0, shape=(256, 96), strides=(1, 256)))]))
     p = build(g)
@@ -164,15 +166,18 @@ def _int8_linear_kernels(isa):
     return p
 
 
+@pytest.mark.parametrize("batch", [0, 3], ids=["2d", "3d-rows"])
 @pytest.mark.parametrize("vnni", [True, False], ids=["avx512_vnni", "no-vnni"])
-def test_int8_linear_reads_its_integer_operands_in_place(vnni):
+def test_int8_linear_reads_its_integer_operands_in_place(vnni, batch):
     """A quantized linear layer on the pinned machine: no kernel writes a float32 copy of its
     operands (the contraction converts where it reads); with AVX512-VNNI the register tiles
     multiply quads of bytes (``dot4us`` on quad loads of both inputs, the reduction loop a
-    quarter as long) and convert their int32 sums once, without it they convert the loads."""
+    quarter as long) and convert their int32 sums once, without it they convert the loads.
+    Also with the rows from a 3-d activation (sequences x tokens): the row index the fused
+    conversion reads through is split into (sequence, token) and flattened again, still linear."""
     from polytile.affine.ir import GROUPS, Load, Op, Store, stmt_exprs, walk_exprs, walk_stmts
 
-    p = _int8_linear_kernels(("avx512f", "avx512vl", "avx512bw", "fma") + (("avx512_vnni",) if vnni else ()))
+    p = _int8_linear_kernels(("avx512f", "avx512vl", "avx512bw", "fma") + (("avx512_vnni",) if vnni else ()), batch)
     big = {b.name for b in p.buffers if b.kind == "temp" and b.dtype == "float32" and b.size >= 96 * 256}
     stores = {s.buf for k in p.kernels if "matmul" not in k.name for s in walk_stmts(k.body) if isinstance(s, Store)}
     assert not big & stores  # (the matmul's packs hold quads or floats: written by the matmul's own pack)
