@@ -24,13 +24,6 @@ class _NoSlice(Exception):
     pass
 
 
-def _tiled(k: Kernel) -> bool:
-    """Whether ``k`` reads its operands into register tiles (a matmul or convolution nest, the
-    fused attention's score and value products): a value recomputed there would run in its
-    innermost loops, once per tile that reads it."""
-    return k.contraction or k.name.endswith("_attention")
-
-
 def fuse_producers(p: Program) -> Program:
     sizes = {b.name: b.size for b in p.buffers}
     kinds = {b.name: b.kind for b in p.buffers}
@@ -86,7 +79,7 @@ def fuse_producers(p: Program) -> Program:
         per_element = reads / max(1, sizes[t])
         extra = fusion_cost.recomputed(st.value, per_element, spent.get(ki, 0.0))
         if not fusion_cost.inline_pays(st.value, per_element,
-                                       into_contraction=any(_tiled(kernels[ci]) for ci in consumers),
+                                       into_contraction=any(kernels[ci].contraction for ci in consumers),
                                        spent=max(spent.get(ci, 0.0) for ci in consumers) + extra):
             continue
         big_in = [max(uses.readers.get(b, {ki}) - {ki}, default=ki) for b in loads_of(st.value) & large]
