@@ -73,7 +73,8 @@ def _axes(shape, strides, offset, base_shape) -> tuple[list[int | None], list[in
         if n == 1 or st == 0:
             axes.append(None)
             continue
-        js = [j for j, (s, m) in enumerate(zip(cs, base_shape)) if s == st and m > 1 and j not in axes]
+        js = [j for j, (s, m) in enumerate(zip(cs, base_shape))
+              if s == st and start[j] + n <= m and j not in axes]  # (within that axis: not a flattening)
         if not js:
             return None
         axes.append(js[0])
@@ -84,14 +85,15 @@ def _seen_as(b: GraphBuilder, t: Node, base: Node, view: Node) -> Node | None:
     """``t`` (broadcastable to ``base``'s shape) indexed as ``view`` (a view of ``base``, or
     ``base`` itself) indexes ``base``."""
     _, shape, strides, offset = b.strided(view)
+    tb, _, tst, toff = b.strided(b.expand(t, base.shape))
+    if tb.op == "full":
+        return b.full(tb.attr("value"), tb.dtype, shape)
+    if not any(tst):  # (one value broadcast: any view of base sees it everywhere)
+        return b._make_view(tb, shape, [0] * len(shape), toff)
     m = _axes(shape, strides, offset, base.shape)
     if m is None:
         return None
     axes, start = m
-    te = b.expand(t, base.shape)
-    tb, _, tst, toff = b.strided(te)
-    if tb.op == "full":
-        return b.full(tb.attr("value"), tb.dtype, shape)
     st = [0 if j is None else tst[j] for j in axes]
     return b._make_view(tb, shape, st, toff + sum(s * o for s, o in zip(tst, start)))
 
