@@ -95,3 +95,30 @@ def test_build_in_a_half_type_converts_parameters_and_float_inputs():
     tensors = [v for v in (*w.args, *w.kwargs.values()) if isinstance(v, torch.Tensor)]
     assert tensors and all(t.dtype == torch.bfloat16 for t in tensors if t.is_floating_point())
     assert any(not t.is_floating_point() for t in tensors)
+
+
+def test_quantized_accuracy_rule_pools_the_inputs():
+    """``bench models --quantize``: a quantized model's error against the float model is pooled
+    over several inputs, each varied within the model's own input's range and type: with two
+    logits, one input's RMSE is luck (eager int8's moved 4x between inputs of GPT-2)."""
+    from polytile.bench.quantize import close_to_reference, varied_inputs
+
+    ids, mask, flag = torch.randint(3, 50, (2, 7)), torch.ones(2, 7, dtype=torch.long), torch.rand(2, 7) > 0.5
+    w = zoo.Workload(zoo.ModelSpec("x", "y", 2), torch.nn.Identity(), (ids, torch.randn(2, 3) * 5 + 2),
+                     {"attention_mask": mask, "flag": flag})
+    samples = varied_inputs(w, 4)
+    assert len(samples) == 5 and samples[0][0][0] is ids
+    for args, kwargs in samples[1:]:
+        assert args[0].dtype == ids.dtype and args[0].shape == ids.shape and 3 <= args[0].min() <= args[0].max() < 50
+        assert args[1].dtype == torch.float32 and args[1].shape == (2, 3)
+        assert torch.equal(kwargs["attention_mask"], mask) and kwargs["flag"] is flag
+    assert not torch.equal(samples[1][0][0], samples[2][0][0])
+
+    f = [torch.zeros(2) for _ in range(3)]
+    ref = [torch.tensor([0.001, 0.0]), torch.tensor([0.02, 0.0]), torch.tensor([0.01, 0.0])]
+    out = [torch.tensor([0.008, 0.0]), torch.tensor([0.01, 0.0]), torch.tensor([0.012, 0.0])]
+    assert not close_to_reference(out[:1], ref[:1], f[:1])[0]  # one input: 8x eager's error
+    assert close_to_reference(out, ref, f)[0]  # pooled: below eager's
+    worse = [3 * o for o in out]
+    ok, details = close_to_reference(worse, ref, f)
+    assert not ok and "over 3 inputs" in details[0]

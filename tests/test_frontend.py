@@ -196,6 +196,26 @@ def test_fallback_disabled_raises():
     assert polytile.stats()["ops_fallen_back"] == {}
 
 
+def test_exported_modules_metadata_checks_compute_nothing():
+    """An exported module checks a tensor's type before each ``.to(dtype)``
+    (``_assert_tensor_metadata``, in every PT2E-quantized model): compiled with no fallback,
+    in one graph, with the module's results."""
+    class ToAndBack(torch.nn.Module):
+        def forward(self, x):
+            return (x.to(torch.float64) * 3).to(torch.float32) + 1
+
+    x = torch.randn(4, 5)
+    m = torch.export.export(ToAndBack(), (x,)).module()
+    assert any("_assert_tensor_metadata" in str(n.target) for n in m.graph.nodes)
+    c = torch.compile(m, backend="polytile", options={"fallback": False})
+    for x in (x, torch.tensor([[float("inf"), float("nan"), -0.0, 1e30, -1e-30]] * 4)):
+        out = c(x)
+        assert out.dtype == torch.float32
+        torch.testing.assert_close(out, m(x), equal_nan=True)
+    st = polytile.stats()
+    assert st["ops_fallen_back"] == {} and st["graphs_compiled"] == 1, st
+
+
 # ------------------------------------------------------------------ graph breaks
 class GraphBreaks(torch.nn.Module):
     def __init__(self):

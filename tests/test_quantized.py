@@ -60,7 +60,7 @@ def test_pt2e_int8_model_matches_pytorch_quantized_reference(name, make, shape, 
     assert diff.max() <= 2 * step
     assert (diff > 1e-5 * ref.abs().max()).float().mean() <= 0.05
     with torch.no_grad():
-        ok, details = close_to_reference(out, ref, float_model(x))  # (the rule of `bench models --quantize`)
+        ok, details = close_to_reference([out], [ref], [float_model(x)])  # (the rule of `bench models --quantize`)
     assert ok, details
 
 

@@ -15,9 +15,10 @@ from ..accuracy import check_accuracy, fp64_reference
 from ..benchmarking import time_side_by_side
 from . import zoo
 from .flops import contraction_gflop
-from .quantize import close_to_reference, int8_pt2e
+from .quantize import close_to_reference, int8_pt2e, varied_inputs
 
 TOL = 1e-3  # DESIGN.md: HF/TIMM inference in fp32
+QUANTIZED_SAMPLES = 5  # inputs besides the model's own over which a quantized model's error is pooled
 
 
 @dataclass
@@ -86,10 +87,11 @@ def run_model(spec: zoo.ModelSpec, *, batch: int | None = None, threads: int = 2
     polytile.reset_stats()
     try:
         w = zoo.build(spec, batch, dtype=dtype)
-        float_out = None
+        float_outs, samples = [], []
         if quantize == "int8":
+            samples = varied_inputs(w, QUANTIZED_SAMPLES)
             with torch.no_grad():
-                float_out = w()
+                float_outs = [w.model(*a, **k) for a, k in samples]
             w = int8_pt2e(w)
     except Exception as e:
         res.status, res.error = "fail_eager", "building the model: " + _short(e)
@@ -114,7 +116,11 @@ def run_model(spec: zoo.ModelSpec, *, batch: int | None = None, threads: int = 2
             return res
         st = polytile.stats()
         res.fallbacks, res.kernels = st["ops_fallen_back"], st["kernels_generated"]
-        ok, details = close_to_reference(out, ref, float_out) if quantize else \
+        if quantize:
+            with torch.no_grad():
+                refs = [ref] + [w.model(*a, **k) for a, k in samples[1:]]
+                outs = [out] + [compiled(*a, **k) for a, k in samples[1:]]
+        ok, details = close_to_reference(outs, refs, float_outs) if quantize else \
             check_accuracy(out, ref, lambda: fp64_reference(w.model, w.kwargs or w.args), TOL)
         res.accuracy = "pass" if ok else "FAIL: " + "; ".join(details)[:400]
         fns = {"eager": lambda: w(), "polytile": lambda: w(compiled)}

@@ -10,6 +10,18 @@ from .registry import lowers
 aten = torch.ops.aten
 
 
+@lowers(aten._assert_tensor_metadata.default)
+def assert_tensor_metadata(ctx, x, size=None, stride=None, dtype=None, *, device=None, layout=None):
+    """A check that ``torch.export`` puts before a ``.to(dtype)``: the trace made it on the
+    example inputs and the guards keep the types and shapes, so it computes nothing. One the
+    traced value does not meet is left to ATen, which raises the error."""
+    v = ctx.node.args[0].meta.get("val")
+    if not isinstance(v, torch.Tensor) or (dtype is not None and v.dtype != dtype) or (
+            size is not None and tuple(v.shape) != tuple(size)):
+        raise Unsupported("tensor metadata differs from the traced value")
+    return None
+
+
 @lowers(aten.view.default, aten._unsafe_view.default, aten.reshape.default)
 def view(ctx, x, shape):
     return ctx.b.reshape(x, list(shape))
