@@ -154,6 +154,28 @@ def test_conv_is_tiled():
     assert all(isinstance(t, Store) and t.value.fn == "keep_lanes" for s in tests if s not in outer for t in s.then)
 
 
+def test_conv_epilogue_stores_pixels_by_their_flat_index():
+    """A convolution of one image whose panels span pixel rows (7 x 7 outputs, panels of 32):
+    the epilogue addresses the output by the panel's flat pixel index (the image loop of one
+    iteration is no reason to decompose it), so no division or remainder per element; and it
+    matches eager."""
+    b = GraphBuilder()
+    x, w, bias = b.input(0, [1, 64, 7, 7], F32), b.input(1, [256, 64, 1, 1], F32), b.input(2, [1, 256, 1, 1], F32)
+    conv = b.node("conv2d", (x, w), stride=(1, 1), padding=(0, 0), dilation=(1, 1), groups=1)
+    out = b.node("relu", (b.node("add", (conv, bias)),))
+    p = _pipeline(build(b.graph([out])))
+    (k,) = [k for k in p.kernels if not k.name.endswith(("_pack", "_packx"))]
+    (st,) = {s.buf for s in walk_stmts(k.body) if isinstance(s, Store) and s.buf.startswith("out")} or {None}
+    stores = [s for s in walk_stmts(k.body) if isinstance(s, Store) and s.buf == st]
+    assert stores
+    assert not any(isinstance(e, Op) and e.fn in ("floordiv", "remainder")
+                   for s in stores for e in walk_exprs(s.index)), stores[0]
+    xs, ws, bs = torch.randn(1, 64, 7, 7), torch.randn(256, 64, 1, 1), torch.randn(1, 256, 1, 1)
+    fn = lambda a, c, d: torch.relu(F.conv2d(a, c) + d)  # noqa: E731
+    got, _ = _compile(fn, (xs, ws, bs))
+    assert_accurate(got, fn(xs, ws, bs), lambda: fp64_reference(fn, (xs, ws, bs)), 1e-4)
+
+
 def test_separate_conv_pack_scans_image_rows():
     """A separate im2col pack (a short reduction: 4 channels x 3 x 3) whose panels span image
     rows: each panel is packed as the rows it lies on and a column range in each, the padding

@@ -181,9 +181,12 @@ def orient(k: Kernel, n: Nest, nr: int, static: set[str] | frozenset[str] = froz
 
 
 def contiguous(coefs: dict[str, int], names: list[str], loops: list[For]) -> bool:
-    """Whether a linear form walks the loops ``names`` (outermost first) as one contiguous range."""
+    """Whether a linear form walks the loops ``names`` (outermost first) as one contiguous range
+    (a loop of one iteration, e.g. a batch of 1, walks nothing whatever its coefficient)."""
     stride = 1
     for v, f in reversed(list(zip(names, loops))):
+        if trip_count(f) == 1:
+            continue
         if coefs.get(v, 0) != stride:
             return False
         stride *= trip_count(f)
@@ -210,11 +213,11 @@ def in_group(e: Expr, names: list[str], loops: list[For], flat: Expr) -> Expr:
         if isinstance(x, Load):
             lf = linear_form(x.index)
             if lf is not None:
-                ks = [lf[0].get(v, 0) for v in names]
-                last = ks[-1]
+                ks = {v: lf[0].get(v, 0) for v, f in zip(names, loops) if trip_count(f) > 1}
+                last = list(ks.values())[-1] if ks else 0
                 rest = {v: k for v, k in lf[0].items() if v not in names}
-                if last and contiguous({v: k // last for v, k in zip(names, ks) if k % last == 0}, names, loops) \
-                        and all(k % last == 0 for k in ks):
+                if last and contiguous({v: k // last for v, k in ks.items() if k % last == 0}, names, loops) \
+                        and all(k % last == 0 for k in ks.values()):
                     return replace(x, index=add(to_expr(rest, lf[1]), mul(flat, c(last))))
             return replace(x, index=subst_vars(x.index, decomp))
         return x
