@@ -32,7 +32,7 @@ vectorized over rows, is slower.
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from ...graph.ir import Node
 from .attention_sizes import COLS_MIN_ROWS, _pv_chunks, cols_tile_sizes, tile_sizes
@@ -184,7 +184,7 @@ def lower_attention(b, n: Node, target: CPUMachine, threads: int) -> tuple[list[
             st.append(For("r", c(0), c(BR), tuple(dot_scores(j0, width))))
         else:
             st.append(For("x", c(0), c(BR // RQ), _register_tile(
-                "s", RQ, nq, vt, For("d", c(0), c(D), ()),
+                RegTile("s", RQ, nq, vt), For("d", c(0), c(D), ()),
                 lambda a: Load("qp", add(mul(add(mul(x, c(RQ)), c(a)), c(D)), d), F32),
                 lambda y: Load(kbuf, add(kt0, c(y * VW)), vt),
                 lambda a, y: _f("broadcast", Const(0.0, F32), dtype=vt),
@@ -225,7 +225,7 @@ def lower_attention(b, n: Node, target: CPUMachine, threads: int) -> tuple[list[
             oidx = [[add(mul(add(mul(x, c(rv)), c(a)), c(DVP)), c((c0 + y) * VW)) for y in range(nv)]
                     for a in range(rv)]
             st.append(For("x", c(0), c(BR // rv), _register_tile(
-                "o", rv, nv, vt, For("j", c(0), c(width), ()),
+                RegTile("o", rv, nv, vt), For("j", c(0), c(width), ()),
                 lambda a, rv=rv: Load("s", add(mul(add(mul(x, c(rv)), c(a)), c(BC)), j), F32),
                 lambda y, c0=c0: vrow(key, (c0 + y) * VW),
                 lambda a, y, oidx=oidx: Load("o", oidx[a][y], vt),
@@ -266,7 +266,7 @@ def lower_attention(b, n: Node, target: CPUMachine, threads: int) -> tuple[list[
         def score_tile(rows: int, base: Expr) -> tuple[Stmt, ...]:
             # s[base + a][:] = K[j0 + base + a] . Q^T: rows x nq vectors, K broadcast from its rows
             return _register_tile(
-                "s", rows, nq, vt, For("d", c(0), c(D), ()),
+                RegTile("s", rows, nq, vt), For("d", c(0), c(D), ()),
                 lambda a: b.read(kt, kvvars + [d, add(j0, add(base, c(a)))]),
                 lambda y: Load("qp", add(mul(d, c(BR)), c(y * VW)), vt),
                 lambda a, y: _f("broadcast", Const(0.0, F32), dtype=vt),
@@ -313,7 +313,7 @@ def lower_attention(b, n: Node, target: CPUMachine, threads: int) -> tuple[list[
             oidx = [[add(mul(add(mul(x, c(rv)), c(a)), c(DVP)), c((c0 + y) * VW)) for y in range(nv)]
                     for a in range(rv)]
             st.append(For("x", c(0), c(BR // rv), _register_tile(
-                "o", rv, nv, vt, For("j", c(0), c(width), ()),
+                RegTile("o", rv, nv, vt), For("j", c(0), c(width), ()),
                 lambda a, rv=rv: Load("s", add(mul(j, c(BR)), add(mul(x, c(rv)), c(a))), F32),
                 lambda y, c0=c0: vrow(key, (c0 + y) * VW),
                 lambda a, y, oidx=oidx, rv=rv: _f("mul", Load("o", oidx[a][y], vt),
@@ -419,10 +419,21 @@ def _vector_of(e: Expr, vt: str, along: str | None = None) -> Expr | None:
     return None
 
 
-def _register_tile(name: str, rows: int, nvec: int, vt: str, loop: For, x_of, y_of, init, store) -> tuple[Stmt, ...]:
+@dataclass(frozen=True)
+class RegTile:
+    """A register tile of ``rows`` x ``nvec`` vectors of type ``vt``, its variables named
+    after ``name``."""
+    name: str
+    rows: int
+    nvec: int
+    vt: str
+
+
+def _register_tile(t: RegTile, loop: For, x_of, y_of, init, store) -> tuple[Stmt, ...]:
     """A rows x nvec-vector tile of accumulators ``name``<a>_<y> (scalar replacement): set by
     ``init(a, y)``, then over ``loop`` acc[a][y] += broadcast(x_of(a)) * y_of(y), then
     ``store(a, y, acc)``."""
+    name, rows, nvec, vt = t.name, t.rows, t.nvec, t.vt
     acc = [[Var(f"{name}a{a}_{y}", vt) for y in range(nvec)] for a in range(rows)]
     # each y vector meets ``rows`` broadcasts: held in a register, not reloaded by every FMA
     # (reloaded, the kernel is bound by the 512-bit loads)
