@@ -117,6 +117,22 @@ def test_global_average_pool_reduces_in_one_loop(tmp_path):
     assert "< INT64_C(49); ++" in src  # the 7 x 7 pixels of a channel in one loop
 
 
+def test_sum_over_channels_strips_the_whole_image(tmp_path):
+    """A reduction over the channels of an NCHW image (an int8 convolution's zero-point
+    correction, a channel mean): its rows and columns are one range of pixels, cut into strips
+    of the whole image rather than a full and a partial strip per 56-pixel row (the reduction
+    runs innermost of the strip loop, as vectors along the pixels); and it matches eager."""
+    x = torch.randn(1, 64, 56, 56)
+
+    def fn(x):
+        return torch.relu(x).sum(1, keepdim=True)
+
+    out = _compile(fn, (x,), dump_dir=str(tmp_path), machine=pinned())
+    assert_accurate(out, fn(x), lambda: fp64_reference(fn, (x,)), 1e-5)
+    src = next(tmp_path.rglob("*kernel.c")).read_text()
+    assert "INT64_C(3136)" in src and "< INT64_C(56); ++" not in src
+
+
 def test_padded_image_pack_is_split_not_selected(tmp_path):
     # a 3-channel NHWC image, 3x3 padding 1: its im2col pack walks panels of one output row
     x = torch.randn(4, 32, 32, 3)

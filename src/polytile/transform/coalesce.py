@@ -53,7 +53,8 @@ def _rewrite_stores(body: tuple[Stmt, ...], fix) -> tuple[Stmt, ...]:
     return tuple(out)
 
 
-def _try_merge(f: For) -> For:
+def merge_pair(f: For) -> For:
+    """``f`` and the loop it holds alone as one loop, where that needs no div/mod (else ``f``)."""
     if len(f.body) != 1 or not isinstance(f.body[0], For):
         return f
     g = f.body[0]
@@ -90,7 +91,7 @@ def _coalesce(body: tuple[Stmt, ...]) -> tuple[Stmt, ...]:
     out: list[Stmt] = []
     for s in body:
         if isinstance(s, For):
-            s = _try_merge(replace(s, body=_coalesce(s.body)))
+            s = merge_pair(replace(s, body=_coalesce(s.body)))
         elif isinstance(s, If):
             s = replace(s, then=_coalesce(s.then), orelse=_coalesce(s.orelse))
         out.append(s)

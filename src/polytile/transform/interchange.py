@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 from ..affine.ir import (INDEX, Alloc, Assign, Const, Expr, For, If, Let, Load, Op, Program, Stmt,
                          Store, Var, c, stmt_exprs, trip_count, walk_exprs, walk_stmts)
 from ..affine.linear import linear_form, uses_var
+from .coalesce import merge_pair
 
 _BAD_STRIDE = 4  # |coefficient| above which a load is not vector friendly along a loop
 
@@ -108,6 +109,14 @@ def _sums_only(chain: list[For], lets: list[Let]) -> bool:
 def _sink(f: For, tile: int, workers: int = 1, lanes: int = 1, split: "SplitRows | None" = None,
           rows: int = 1) -> For:
     if f.parallel and len(f.body) == 1 and isinstance(f.body[0], For) and f.body[0].parallel:
+        # two parallel loops that walk memory as one range (the rows and columns of an NCHW
+        # image reduced over its channels) become one before the strips are cut: full strips
+        # of the whole image instead of a partial strip per row (56 = 32 + 24)
+        merged = merge_pair(f)
+        if merged is not f:
+            sunk = _sink(merged, tile, workers, lanes, split, rows)
+            if sunk != merged:
+                return sunk
         n = trip_count(f)
         return replace(f, body=(_sink(f.body[0], tile, workers, lanes, split, rows * (n if n is not None else 2)),))
     n = trip_count(f)
