@@ -716,6 +716,9 @@ _aten("quantize-dynamic", lambda x, y: tuple(
                                      torch.uint8)
     for v in (x, y) for sc, zp in [_qd.choose_qparams.tensor(v, 0, 255, 2.0 ** -12, torch.uint8)]),
       lambda: (wide(5, 13, 3), torch.rand(6, 7) + 0.5))
+# the check torch.export puts before .to(dtype): computes nothing
+_aten("assert-tensor-metadata", lambda x: (aten._assert_tensor_metadata.default(x, None, None, torch.float32), aten.mul.Tensor(x, x))[1:],
+      lambda: (wide(4, 5),))
 # Overloads without a tensor argument would run at trace time under fx.symbolic_trace: make_fx records them.
 _aten("creation", lambda x: (aten.zeros.default([3, 4]), aten.ones.default([2, 5], dtype=torch.int32), aten.zeros_like.default(x),
                              aten.ones_like.default(x), aten.fill.Scalar(x, 2.5),
