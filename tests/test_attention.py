@@ -397,3 +397,25 @@ def test_decoding_steps_read_k_and_v_in_place(L, S, D, Dv, causal, mask, tmp_pat
     # (the pinned machine's vectors: 16 lanes; a pack may be fused into the attention kernel,
     # the entry point's comment names it)
     assert ("pack K, V" in entry) == (Dv % 16 != 0), entry
+
+
+def test_key_and_value_epilogues_fuse_into_their_projections(tmp_path):
+    """A transformer's attention over linear projections with a bias: the attention kernel reads
+    K (each element once per block of queries) into register tiles, so K's bias is added by its
+    matmul's epilogue, not recomputed inside the attention; Q, read once, may be. (A boolean
+    mask's conversion still fuses into the attention: see test_gpu's flash kernels.)"""
+    torch.manual_seed(0)
+    x = torch.randn(1, 128, 768)
+    ws = [torch.randn(768, 768) / 28 for _ in range(3)]
+    bs = [torch.randn(768) for _ in range(3)]
+
+    def fn(x, wq, wk, wv, bq, bk, bv):
+        def heads(t):
+            return t.view(1, 128, 12, 64).transpose(1, 2)
+        return F.scaled_dot_product_attention(heads(x @ wq + bq), heads(x @ wk + bk), heads(x @ wv + bv))
+
+    _run(fn, (x, *ws, *bs), dump_dir=str(tmp_path))
+    src = next(tmp_path.rglob("*kernel.c")).read_text()
+    head = src[:src.index("_attention(int pt_nthreads")]
+    origin = head[head.rindex("/*"):]
+    assert "attention[" in origin and origin.count("add[") <= 1, origin

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..affine.ir import Kernel, Load, Program, lanes
+from ..affine.ir import Expr, Kernel, Load, Program, lanes, walk_exprs
 from ..dtypes import ITEMSIZE
 from ..graph.symbols import at_least
 from . import fusion_cost
@@ -22,6 +22,19 @@ from ..affine import isl as pisl
 
 class _NoSlice(Exception):
     pass
+
+
+def _tiled(k: Kernel, value: Expr) -> bool:
+    """Whether ``k`` reads ``value`` into register tiles, where recomputing it would run in the
+    innermost loops once per tile that reads it: a matmul or convolution nest, and the fused
+    attention's score and value products (K and V, whose producers, e.g. a linear layer's bias
+    or a quantized product's scale terms, then fuse into their own matmuls) except for a
+    boolean mask's conversion, which the attention reads where it forms a score (a byte read
+    instead of a float copy)."""
+    if k.contraction:
+        return True
+    return k.name.endswith("_attention") and not any(
+        isinstance(x, Load) and x.dtype == "bool" for x in walk_exprs(value))
 
 
 def fuse_producers(p: Program) -> Program:
@@ -79,7 +92,7 @@ def fuse_producers(p: Program) -> Program:
         per_element = reads / max(1, sizes[t])
         extra = fusion_cost.recomputed(st.value, per_element, spent.get(ki, 0.0))
         if not fusion_cost.inline_pays(st.value, per_element,
-                                       into_contraction=any(kernels[ci].contraction for ci in consumers),
+                                       into_contraction=any(_tiled(kernels[ci], st.value) for ci in consumers),
                                        spent=max(spent.get(ci, 0.0) for ci in consumers) + extra):
             continue
         big_in = [max(uses.readers.get(b, {ki}) - {ki}, default=ki) for b in loads_of(st.value) & large]
