@@ -1001,3 +1001,36 @@ def test_panels_over_many_rows_and_images_load_each_lane_at_its_offset():
         a = torch.randn(shape)
         out, _ = _compile(fn, (a, wt), target={"cores": 2}, threads=2)
         assert_accurate(out, fn(a, wt), lambda: fp64_reference(fn, (a, wt)), 1e-4)
+
+
+@pytest.mark.parametrize("preset", NUMERIC)
+@pytest.mark.parametrize("shape", [(1, 24, 56, 56, 7), (2, 16, 60, 50, 3), (1, 32, 14, 14, 3)], ids=["7x7", "3x3", "narrow"])
+def test_depthwise_convolutions_match_eager(shape, preset):
+    """Depthwise convolutions (7x7 as ConvNeXt's, 3x3 as MobileNet's, odd sizes, a narrow map
+    that keeps its implicit padding), padding included, against eager on every machine
+    description; infinities and NaN in the input spread as eager's do."""
+    n, c, h, w, k = shape
+    x, wt, b = torch.randn(n, c, h, w), torch.randn(c, 1, k, k), torch.randn(c)
+    x[0, 1, 5, 7] = float("inf")
+    x[0, 2, 9, 3] = float("nan")
+    fn = lambda a, f, g: F.conv2d(a, f, g, padding=k // 2, groups=c)  # noqa: E731
+    out, st = _compile(fn, (x, wt, b), target={"preset": preset})
+    ref = fn(x, wt, b)
+    assert st["ops_fallen_back"] == {}
+    assert torch.equal(out.isnan(), ref.isnan()) and torch.equal(out.isinf(), ref.isinf())
+    fin = ref.isfinite()
+    assert_accurate(out[fin], ref[fin], lambda: fp64_reference(fn, (x, wt, b))[fin], 1e-4)
+
+
+def test_wide_depthwise_convolution_reads_a_padded_copy(tmp_path):
+    """A depthwise convolution over rows of 56 pixels reads an explicitly padded copy of its
+    input: its taps' pixel loops have constant bounds (no max/min per tap)."""
+    x, wt = torch.randn(1, 32, 56, 56), torch.randn(32, 1, 7, 7)
+    fn = lambda a, f: F.conv2d(a, f, padding=3, groups=32)  # noqa: E731
+    out, _ = _compile(fn, (x, wt), dump_dir=str(tmp_path))
+    assert_accurate(out, fn(x, wt), lambda: fp64_reference(fn, (x, wt)), 1e-4)
+    src = next(tmp_path.rglob("*kernel.c")).read_text()
+    assert "_pad(int pt_nthreads" in src
+    conv = src[src.index("_conv2d(int pt_nthreads"):]
+    conv = conv[:conv.index("\n}\n")]
+    assert "_a > _b ? _a : _b" not in conv  # (no lower bound clipped to the image per tap)

@@ -18,6 +18,7 @@ from ...affine.ir import buffers_used
 from ...affine.attention import key_blocked_nest
 from ...codegen.c import UNIT_MARK, render
 from ...graph.low_precision import HALF_OF, pad_pair_channels, round_contraction_operands
+from ...graph.depthwise import pad_depthwise
 from ...graph.quantized import integer_contractions
 from ...graph.symbols import is_symbolic
 from ...runtime.cache import discard
@@ -68,7 +69,7 @@ class CPUBackend(Backend):
         ints = [lambda g: integer_contractions(g, 4 if machine.int8_dot else 1)]
         half = [lambda g: round_contraction_operands(g, p)] if p in HALF_OF else []
         # (bfloat16 convolutions over 3 channels padded to 4: pairs of channels)
-        return ints + half + ([pad_pair_channels] if machine.bf16_dot else [])
+        return ints + half + ([pad_pair_channels] if machine.bf16_dot else []) + [pad_depthwise]
 
     def passes(self, machine: CPUMachine, options) -> list[Pass]:
         o = options
