@@ -136,7 +136,8 @@ def _sink(f: For, tile: int, workers: int = 1, lanes: int = 1, split: "SplitRows
     if _cost(inner.body, f.var) > _cost(inner.body, inner.var) or (
             _cost(inner.body, f.var) == _cost(inner.body, inner.var) and (trip_count(inner) or 0) >= n):
         return f
-    t = min(tile, n) if workers <= 1 else _strip(n, tile, workers, lanes)
+    # strips shared by the workers only where the loops outside give them too little to share
+    t = min(tile, n) if workers <= 1 or rows >= 4 * workers else _strip(n, tile, workers, lanes)
     # one row (a matrix-vector product, x @ W with a row-major W): the threads would each read
     # short pieces of W's rows; they share the reduction instead, each over whole rows of W
     red_total = 1
