@@ -4,18 +4,18 @@ A depthwise convolution (one filter per channel) is not register-tiled: its nest
 output rows and strips of pixels with the filter's taps inside. With the zero padding implicit,
 each tap's pixel loop has bounds that depend on the tap (the row's first and last pixels would
 read the padding), so the C compiler vectorizes it with peeled iterations per tap; over a
-padded copy of the input (one pass over it) every tap reads one constant range. 7x7 over 128
-channels of 56x56 (ConvNeXt), float32, Zen 4: 1.95 -> 1.22 ms. Only for output rows of at least
-``MIN_WIDTH`` pixels and stride 1: on narrower rows (one strip of pixels, whose peeled
-iterations cost little) and with stride 2 (MobileNetV2: the padded copy of a 112x112 input
-for a 56x56 output) the padded copy's pass costs more than it saves."""
+padded copy of the input (one pass over it) every tap reads one constant range. Only for
+output rows of at least ``MIN_WIDTH`` pixels and stride 1: on narrower rows (one strip of
+pixels, whose peeled iterations cost little) and with stride 2 (the padded copy of a 112x112
+input for a 56x56 output) the padded copy's pass costs more than it saves (measurements:
+benchmarks/README.md and the commit that added this pass)."""
 from __future__ import annotations
 
 from .builder import GraphBuilder, rewrite_nodes
 from .ir import Graph, Node
 from .ops import conv_padding
 
-MIN_WIDTH = 48  # output pixels per row (Zen 4, float32: 56 and 112 wide 1.6-2.2x faster, 28 and less 8-30% slower)
+MIN_WIDTH = 48  # output pixels per row: 56-pixel rows gain from the padded copy, 28-pixel ones lose
 
 
 def _padded_depthwise(n: Node) -> bool:
